@@ -1,0 +1,50 @@
+"""coalesce: many concurrent per-item LLM calls, one multi-item prompt, each caller its own answer.
+
+The public surface is re-exported here; everything else lives in private modules.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+from ._batcher import Batcher, BatchMethod, batch
+from ._exceptions import (
+    BatcherClosedError,
+    BatchError,
+    CoalesceError,
+    CoalesceWarning,
+    ConfigurationError,
+    InvalidOutputError,
+    ItemError,
+    MissingOutputError,
+    QueueFull,
+    ResultCountError,
+    TruncatedOutputError,
+)
+from ._policy import DispatchReason
+from ._stats import BatcherStatistics
+
+try:
+    __version__ = version("coalesce")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = "0+unknown"
+
+__all__ = [
+    "BatchError",
+    "BatchMethod",
+    "Batcher",
+    "BatcherClosedError",
+    "BatcherStatistics",
+    "CoalesceError",
+    "CoalesceWarning",
+    "ConfigurationError",
+    "DispatchReason",
+    "InvalidOutputError",
+    "ItemError",
+    "MissingOutputError",
+    "QueueFull",
+    "ResultCountError",
+    "TruncatedOutputError",
+    "__version__",
+    "batch",
+]

@@ -1,0 +1,564 @@
+"""The micro-batcher: one call per item in, one batch call per group out.
+
+Callers arrive one item at a time. Each item joins the open *window* of its
+partition; a window becomes a batch when it is full, too heavy, or its oldest item
+has waited ``max_wait`` (decisions in :mod:`coalesce._policy`). A batch runs in a
+background task of the event loop, never in a caller's task, so a caller that is
+cancelled never disturbs the others, and the batch function's results are handed
+back by position, each to its own caller.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine, Hashable, Sequence
+from typing import Any, Generic, TypeVar, overload
+
+import anyio
+
+from ._exceptions import (
+    BatcherClosedError,
+    BatchError,
+    ConfigurationError,
+    QueueFull,
+    ResultCountError,
+)
+from ._policy import DispatchReason, Limits, after_add, before_add, validate_size
+from ._runtime import Runtime, current_runtime, running_owner
+from ._stats import BatcherStatistics, QuantileWindow
+from ._validate import check_callable, check_int, check_seconds
+
+__all__ = ["BatchMethod", "Batcher", "batch"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+S = TypeVar("S")
+
+BatchFunction = Callable[[list[T]], Awaitable[Sequence[R]]]
+
+#: Defaults: a 10 ms window (a small, bounded wait) and at most 64 items per batch.
+DEFAULT_MAX_WAIT = 0.01
+DEFAULT_MAX_ITEMS = 64
+
+
+class _Window:
+    """The items of one partition waiting to become a batch."""
+
+    __slots__ = ("arrivals", "items", "key", "opened_at", "size", "waiters")
+
+    def __init__(self, key: Hashable, opened_at: float) -> None:
+        self.key = key
+        self.opened_at = opened_at
+        self.items: list[Any] = []
+        self.waiters: list[Any] = []
+        self.arrivals: list[float] = []
+        self.size = 0.0
+
+    def remove(self, waiter: Any) -> bool:
+        for index, candidate in enumerate(self.waiters):
+            if candidate is waiter:
+                del self.items[index], self.waiters[index], self.arrivals[index]
+                return True
+        return False
+
+
+class Batcher(Generic[T, R]):
+    """Group concurrent single-item calls into calls of a batch function.
+
+    ``fn`` takes a list of items and returns a list of results of the same length,
+    in the same order. ``await batcher(item)`` returns that item's result.
+
+    Args:
+        fn: ``async def fn(items: list[T]) -> list[R]``.
+        max_wait: Longest an item waits for company, in seconds (default 0.01).
+            The oldest item of a window is dispatched no later than this.
+        max_items: Most items per batch (default 64).
+        max_concurrency: Most batches running at once (default: no limit).
+            Batches beyond it wait, in order, for a running one to finish.
+        max_pending: Most items accepted but not yet handed to ``fn`` (default: no
+            limit). When reached, ``await batcher(item)`` waits for room and
+            :meth:`submit_nowait` raises :class:`~coalesce.QueueFull`.
+        partition: ``partition(item) -> key``; items with different keys never
+            share a batch, and each key has its own window.
+        size: ``size(item) -> weight`` (for example tokens), with ``max_size``.
+        max_size: Most total weight per batch. An item heavier than this is
+            dispatched alone, never dropped.
+        name: Used in messages and ``repr`` (default: the function's name).
+
+    Raises:
+        ConfigurationError: If an option is out of range.
+    """
+
+    def __init__(
+        self,
+        fn: BatchFunction[T, R],
+        *,
+        max_wait: float = DEFAULT_MAX_WAIT,
+        max_items: int = DEFAULT_MAX_ITEMS,
+        max_concurrency: int | None = None,
+        max_pending: int | None = None,
+        partition: Callable[[T], Hashable] | None = None,
+        size: Callable[[T], float] | None = None,
+        max_size: float | None = None,
+        name: str | None = None,
+    ) -> None:
+        if not callable(fn):
+            raise ConfigurationError(f"the batch function must be callable, got {fn!r}")
+        if (size is None) != (max_size is None):
+            raise ConfigurationError(
+                "size and max_size go together: give both (an item's weight and the most"
+                f" per batch) or neither; got size={size!r}, max_size={max_size!r}"
+            )
+        self._fn = fn
+        self._name = name or getattr(fn, "__qualname__", None) or repr(fn)
+        self._limits = Limits(
+            max_items=check_int("max_items", max_items) or 1,
+            max_wait=check_seconds("max_wait", max_wait) or 0.0,
+            max_size=check_seconds(
+                "max_size", max_size, positive=True, optional=True, unit="size units"
+            ),
+        )
+        self._max_items = self._limits.max_items
+        self._max_concurrency = check_int("max_concurrency", max_concurrency, optional=True)
+        self._max_pending = check_int("max_pending", max_pending, optional=True)
+        self._partition = check_callable("partition", partition)
+        self._size = check_callable("size", size)
+
+        self._rt: Runtime | None = None
+        self._windows: dict[Hashable, _Window] = {}
+        self._ready: deque[_Window] = deque()
+        self._in_flight = 0
+        self._timer_on = False
+        self._closed = False
+        self._room: anyio.Event | None = None
+        self._drained: anyio.Event | None = None
+
+        # Accepted items = dispatched + withdrawn + still queued; only the first and
+        # last are counted on the hot path, the queue depth is derived from them.
+        self._submitted = 0
+        self._withdrawn = 0
+        self._completed = 0
+        self._failed = 0
+        self._cancelled = 0
+        self._by_reason = dict.fromkeys(DispatchReason, 0)
+        self._started = 0
+        self._items_dispatched = 0
+        self._max_batch = 0
+        self._waits = QuantileWindow()
+        functools.update_wrapper(self, fn, updated=())
+
+    # -- the caller's side ---------------------------------------------------
+
+    def __call__(self, item: T) -> Coroutine[Any, Any, R]:
+        """Submit one item; await the returned coroutine for its own result.
+
+        On asyncio the call joins its window at once and returns a future that also
+        behaves as a coroutine, so ``asyncio.gather`` spends no task per call while
+        ``asyncio.create_task`` and anyio's ``start_soon`` still accept it.
+
+        Raises:
+            BatcherClosedError: If the batcher was closed.
+            ResultCountError: If the batch function returned the wrong number of results.
+            Exception: Whatever the batch function raised for this item's batch, or
+                the exception instance it returned in this item's place.
+        """
+        rt = self._rt
+        if rt is None or rt.owner is not running_owner():
+            rt = self._runtime()
+        if rt.awaitable_waiters and (
+            self._max_pending is None or self._pending < self._max_pending
+        ):
+            try:
+                return self._enqueue(item)  # type: ignore[no-any-return]
+            except Exception as exc:
+                failed = rt.new_waiter()
+                rt.fail(failed, exc)
+                return failed  # type: ignore[no-any-return]
+        return self._call_slowly(item)
+
+    async def _call_slowly(self, item: T) -> R:
+        self._runtime()
+        if self._max_pending is not None and self._pending >= self._max_pending:
+            await self._wait_for_room()
+        waiter = self._enqueue(item)
+        return await self._rt.wait(waiter)  # type: ignore[union-attr,no-any-return]
+
+    def submit_nowait(self, item: T) -> Awaitable[R]:
+        """Submit one item now, without waiting for room; await the result later.
+
+        The item joins its window immediately. Await the returned object to get its
+        result.
+
+        Raises:
+            QueueFull: If ``max_pending`` items are already waiting.
+            BatcherClosedError: If the batcher was closed.
+        """
+        rt = self._runtime()
+        if self._max_pending is not None and self._pending >= self._max_pending:
+            raise QueueFull(
+                f"{self._name}: {self._pending} items are already waiting (max_pending="
+                f"{self._max_pending}); await the call instead to wait for room, or raise"
+                " max_pending"
+            )
+        waiter = self._enqueue(item)
+        if rt.awaitable_waiters:
+            return waiter  # type: ignore[no-any-return]
+        return rt.wait(waiter)
+
+    def _enqueue(self, item: T) -> Any:
+        rt = self._rt
+        assert rt is not None  # every caller binds the runtime first
+        if self._closed:
+            raise BatcherClosedError(f"{self._name} is closed; no new calls are accepted")
+        key = self._partition(item) if self._partition is not None else None
+        window = self._windows.get(key)
+        now = rt.clock()
+        weight = 0.0
+        if self._size is not None:
+            weight = validate_size(self._size(item))
+            if window is not None:
+                reason = before_add(len(window.items), window.size, weight, self._limits)
+                if reason is not None:
+                    self._dispatch(window, reason)
+                    window = None
+        if window is None:
+            window = self._windows[key] = _Window(key, now)
+            if not self._timer_on:
+                self._timer_on = True
+                rt.spawn(self._timer)
+        waiter = rt.new_waiter()
+        window.items.append(item)
+        window.waiters.append(waiter)
+        window.arrivals.append(now)
+        self._submitted += 1
+        if self._size is None:
+            if len(window.items) >= self._max_items:  # after_add(), inlined: hot path
+                self._dispatch(window, DispatchReason.FULL)
+            return waiter
+        window.size += weight
+        reason = after_add(len(window.items), window.size, self._limits)
+        if reason is not None:
+            self._dispatch(window, reason)
+        return waiter
+
+    def _on_cancel(self, waiter: Any) -> None:
+        """A caller was cancelled: take its item out if it was not dispatched yet."""
+        self._cancelled += 1
+        for window in (*self._windows.values(), *self._ready):
+            if window.remove(waiter):
+                self._withdrawn += 1
+                if not window.items and self._windows.get(window.key) is window:
+                    del self._windows[window.key]
+                elif not window.items:
+                    self._ready.remove(window)
+                self._wake_room()
+                return
+
+    async def _wait_for_room(self) -> None:
+        assert self._max_pending is not None
+        self._runtime()
+        while self._pending >= self._max_pending:
+            if self._closed:
+                raise BatcherClosedError(f"{self._name} is closed; no new calls are accepted")
+            if self._room is None:
+                self._room = anyio.Event()
+            await self._room.wait()
+
+    def _wake_room(self) -> None:
+        if self._room is not None:
+            self._room.set()
+            self._room = None
+
+    @property
+    def _pending(self) -> int:
+        """Items accepted and not yet handed to the batch function."""
+        return self._submitted - self._items_dispatched - self._withdrawn
+
+    def _runtime(self) -> Runtime:
+        rt = self._rt
+        if rt is not None and rt.owner is running_owner():
+            return rt
+        if self._windows or self._pending or self._in_flight or self._timer_on:
+            raise RuntimeError(
+                f"{self._name} is serving calls in another event loop; a batcher serves one"
+                " event loop at a time (create one batcher per loop or thread)"
+            )
+        self._rt = rt = current_runtime(self._on_cancel)
+        self._room = self._drained = None
+        return rt
+
+    # -- the batch's side ----------------------------------------------------
+
+    def _dispatch(self, window: _Window, reason: DispatchReason) -> None:
+        """Close the window and run it now, or queue it behind ``max_concurrency``."""
+        del self._windows[window.key]
+        self._by_reason[reason] += 1
+        if self._max_concurrency is not None and self._in_flight >= self._max_concurrency:
+            self._ready.append(window)
+        else:
+            self._start(window)
+
+    def _start(self, window: _Window) -> None:
+        rt = self._rt
+        assert rt is not None
+        count = len(window.items)
+        self._in_flight += 1
+        self._started += 1
+        self._items_dispatched += count
+        self._max_batch = max(self._max_batch, count)
+        now = rt.clock()
+        self._waits.extend([now - arrival for arrival in window.arrivals])
+        if self._room is not None:
+            self._wake_room()
+        rt.spawn(self._run, window)
+
+    async def _run(self, window: _Window) -> None:
+        rt = self._rt
+        assert rt is not None
+        try:
+            try:
+                results = await self._fn(window.items)
+            except rt.cancelled as exc:
+                self._fail_all(window, BatchError(f"{self._name}: the batch was cancelled"), exc)
+                raise
+            except Exception as exc:
+                self._fail_all(window, exc)
+            except BaseException as exc:
+                self._fail_all(window, BatchError(f"{self._name}: the batch was aborted"), exc)
+                raise
+            else:
+                self._deliver(window, results)
+        finally:
+            self._in_flight -= 1
+            self._after_batch()
+
+    def _deliver(self, window: _Window, results: Any) -> None:
+        rt = self._rt
+        assert rt is not None
+        if type(results) is not list:
+            try:
+                results = list(results)
+            except TypeError:
+                error = BatchError(
+                    f"{self._name} must return a list of results, one per item;"
+                    f" it returned {type(results).__name__}"
+                )
+                self._fail_all(window, error)
+                return
+        if len(results) != len(window.waiters):
+            self._fail_all(window, ResultCountError(len(window.waiters), len(results)))
+            return
+        completed, failed = rt.deliver(window.waiters, results)
+        self._completed += completed
+        self._failed += failed
+
+    def _fail_all(
+        self, window: _Window, error: BaseException, cause: BaseException | None = None
+    ) -> None:
+        rt = self._rt
+        assert rt is not None
+        if cause is not None:
+            error.__cause__ = cause
+        self._failed += sum(rt.fail(waiter, error) for waiter in window.waiters)
+
+    def _after_batch(self) -> None:
+        while self._ready and (
+            self._max_concurrency is None or self._in_flight < self._max_concurrency
+        ):
+            self._start(self._ready.popleft())
+        if self._drained is not None and not self._in_flight and not self._ready:
+            self._drained.set()
+
+    async def _timer(self) -> None:
+        """Dispatch each window when its oldest item has waited ``max_wait``.
+
+        Windows sit in the dict in the order they opened and share one
+        ``max_wait``, so the first one always has the earliest deadline.
+        """
+        rt = self._rt
+        assert rt is not None
+        try:
+            while self._windows:
+                window = next(iter(self._windows.values()))
+                deadline = window.opened_at + self._limits.max_wait
+                if rt.clock() >= deadline:
+                    self._dispatch(window, DispatchReason.WINDOW)
+                else:
+                    await anyio.sleep_until(deadline)
+        finally:
+            self._timer_on = False
+
+    # -- lifecycle and introspection ------------------------------------------
+
+    async def aclose(self) -> None:
+        """Dispatch every pending item, wait for all running batches, refuse new calls.
+
+        Nothing is dropped: every item accepted before ``aclose()`` gets its result.
+        Calling it again is harmless.
+        """
+        self._closed = True
+        if self._rt is None:
+            return
+        self._runtime()
+        for window in list(self._windows.values()):
+            self._dispatch(window, DispatchReason.CLOSE)
+        self._wake_room()
+        if self._in_flight or self._ready:
+            if self._drained is None:
+                self._drained = anyio.Event()
+            await self._drained.wait()
+
+    async def __aenter__(self) -> Batcher[T, R]:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` was called."""
+        return self._closed
+
+    def statistics(self) -> BatcherStatistics:
+        """An immutable snapshot of the counters (see :class:`BatcherStatistics`)."""
+        started = self._started
+        p50, p95, p99 = self._waits.quantiles(0.5, 0.95, 0.99)
+        return BatcherStatistics(
+            items_submitted=self._submitted,
+            items_completed=self._completed,
+            items_failed=self._failed,
+            items_cancelled=self._cancelled,
+            batches=sum(self._by_reason.values()),
+            batches_by_reason={str(k): v for k, v in self._by_reason.items()},
+            mean_batch_size=self._items_dispatched / started if started else float("nan"),
+            max_batch_size=self._max_batch,
+            queue_depth=self._pending,
+            batches_in_flight=self._in_flight,
+            wait_p50=p50,
+            wait_p95=p95,
+            wait_p99=p99,
+        )
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        next_flush = ""
+        if self._windows and self._rt is not None:
+            window = next(iter(self._windows.values()))
+            delay = window.opened_at + self._limits.max_wait - self._rt.clock()
+            next_flush = f", next flush in {max(delay, 0.0) * 1e3:.1f} ms"
+        return (
+            f"<Batcher {self._name} {state}: {self._pending} pending in"
+            f" {len(self._windows)} windows, {self._in_flight} batches in flight{next_flush}>"
+        )
+
+
+class BatchMethod(Generic[S, T, R]):
+    """``@batch`` on a method: each instance gets its own :class:`Batcher`.
+
+    The batcher is created on first access and cached on the instance, so
+    ``obj.method(item)`` batches only with calls on the same ``obj``.
+    """
+
+    def __init__(self, fn: Callable[[S, list[T]], Awaitable[Sequence[R]]], options: Any) -> None:
+        self._fn = fn
+        self._options = options
+        self._attr = fn.__name__
+        functools.update_wrapper(self, fn, updated=())  # type: ignore[arg-type]
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._attr = name
+
+    @overload
+    def __get__(self, instance: None, owner: type | None = None) -> BatchMethod[S, T, R]: ...
+    @overload
+    def __get__(self, instance: S, owner: type | None = None) -> Batcher[T, R]: ...
+    def __get__(self, instance: S | None, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        try:
+            namespace = vars(instance)
+        except TypeError:
+            raise TypeError(
+                f"@coalesce.batch on {type(instance).__name__}.{self._attr} needs instances"
+                " with a __dict__ to keep one batcher per instance (the class has __slots__)"
+            ) from None
+        bound = Batcher(
+            functools.partial(self._fn, instance),
+            name=f"{type(instance).__name__}.{self._attr}",
+            **self._options,
+        )
+        namespace[self._attr] = bound
+        return bound
+
+
+@overload
+def batch(fn: Callable[[list[T]], Awaitable[Sequence[R]]], /) -> Batcher[T, R]: ...
+@overload
+def batch(fn: Callable[[S, list[T]], Awaitable[Sequence[R]]], /) -> BatchMethod[S, T, R]: ...
+@overload
+def batch(
+    *,
+    max_wait: float = ...,
+    max_items: int = ...,
+    max_concurrency: int | None = ...,
+    max_pending: int | None = ...,
+    partition: Callable[[Any], Hashable] | None = ...,
+    size: Callable[[Any], float] | None = ...,
+    max_size: float | None = ...,
+) -> _BatchDecorator: ...
+def batch(fn: Any = None, /, **options: Any) -> Any:
+    """Decorate ``async def f(items: list[T]) -> list[R]`` so that ``await f(item) -> R``.
+
+    Usable bare (``@coalesce.batch``) or with options
+    (``@coalesce.batch(max_wait=0.005, max_items=32)``); the options are those of
+    :class:`Batcher`. On a method (``async def f(self, items)``), each instance gets
+    its own batcher.
+
+    Raises:
+        ConfigurationError: If an option is out of range (at decoration time).
+    """
+    if fn is None:
+        # Validate now, at decoration time, not on the first call.
+        Batcher(_placeholder, **options)
+        return _BatchDecorator(options)
+    return _decorate(fn, options)
+
+
+async def _placeholder(items: list[Any]) -> list[Any]:  # pragma: no cover - never called
+    return items
+
+
+def _decorate(fn: Any, options: dict[str, Any]) -> Any:
+    if not callable(fn):
+        raise ConfigurationError(f"@coalesce.batch decorates an async function, got {fn!r}")
+    if _positional_arity(fn) == 2:
+        Batcher(_placeholder, **options)
+        return BatchMethod(fn, options)
+    return Batcher(fn, **options)
+
+
+def _positional_arity(fn: Any) -> int:
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 1
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(p.kind in kinds and p.default is p.empty for p in parameters)
+
+
+class _BatchDecorator:
+    """What ``batch(**options)`` returns: applies those options to a function."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self._options = options
+
+    @overload
+    def __call__(self, fn: Callable[[list[T]], Awaitable[Sequence[R]]], /) -> Batcher[T, R]: ...
+    @overload
+    def __call__(
+        self, fn: Callable[[S, list[T]], Awaitable[Sequence[R]]], /
+    ) -> BatchMethod[S, T, R]: ...
+    def __call__(self, fn: Any, /) -> Any:
+        return _decorate(fn, self._options)

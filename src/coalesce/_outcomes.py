@@ -1,0 +1,270 @@
+"""Per-item outcomes of splitting a packed reply, and the re-ask decision.
+
+Shared by the complete-reply split (:func:`coalesce._packing.split_reply`) and the
+streaming one (:class:`coalesce._jsonstream.StreamSplitter`), so both read a result
+object, name a failure and map it to an exception the same way.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, NamedTuple, TypeVar
+
+from ._exceptions import (
+    ConfigurationError,
+    InvalidOutputError,
+    ItemError,
+    MissingOutputError,
+    TruncatedOutputError,
+)
+
+T = TypeVar("T")
+
+# The id of a result object too malformed to parse, read only when it is the very first
+# key: anywhere else it could be text inside an output, and would blame a neighbour.
+_LEADING_ID = re.compile(r'\{\s*"id"\s*:\s*(?:"((?:[^"\\]|\\.)*)"|(-?[0-9]+))')
+# A string (kept as is) or a comma right before a closing bracket (dropped).
+_TRAILING_COMMA = re.compile(r'("(?:[^"\\]|\\.)*")|,(\s*[}\]])', re.DOTALL)
+
+
+class FailureKind(enum.Enum):
+    """Why one item got no answer from a reply."""
+
+    MISSING = "missing"
+    """The reply (complete) had no result with this id."""
+    INVALID = "invalid"
+    """The result for this id failed validation, had no output, or was not JSON."""
+    DUPLICATE = "duplicate"
+    """The reply gave this id two or more different outputs; none is trusted."""
+    TRUNCATED = "truncated"
+    """The reply was cut off before any result with this id."""
+
+
+@dataclass(frozen=True)
+class ItemFailure:
+    """One item's failure in one reply.
+
+    Attributes:
+        kind: What went wrong.
+        raw: The raw output the model gave for the item (``None`` if it gave none; for a
+            result object that was not valid JSON, its text).
+        error: A human-readable explanation (the validation error for ``INVALID``).
+    """
+
+    kind: FailureKind
+    raw: Any = None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Split(Generic[T]):
+    """The outcome of splitting one reply: each requested id is in exactly one map.
+
+    Attributes:
+        ids: The request's ids, in request order.
+        values: Validated output per id that got one.
+        failures: Failure per id that did not.
+        unknown_ids: Ids the reply carried that the request did not (first-seen order).
+        truncated: Whether the reply was cut off (told by the caller, or evident from
+            the text ending inside the results array).
+    """
+
+    ids: tuple[str, ...]
+    values: Mapping[str, T]
+    failures: Mapping[str, ItemFailure]
+    unknown_ids: tuple[str, ...] = ()
+    truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """Whether every requested id got a validated value."""
+        return not self.failures
+
+
+@dataclass(frozen=True)
+class Occurrence:
+    """One result object read from a reply, before validation.
+
+    Attributes:
+        id: The result's id after ``str()``.
+        raw: Its output (or the object's text if it was not JSON).
+        has_output: Whether it carried a parseable ``"output"``.
+        fingerprint: Canonical text of the output, to tell identical duplicates apart
+            from differing ones.
+    """
+
+    id: str
+    raw: Any
+    has_output: bool
+    fingerprint: str
+
+
+def read_result(text: str) -> Occurrence | None:
+    """Read one complete ``{"id": ..., "output": ...}`` object's text.
+
+    Args:
+        text: The object's text, braces included.
+
+    Returns:
+        The occurrence, or ``None`` when no id can be read from it, or it is an echo of
+        a request item (``id`` and ``input``, no ``output``): it then blames nobody.
+    """
+    try:
+        obj = json.loads(text, strict=False)
+    except ValueError:
+        try:
+            obj = json.loads(_drop_trailing_commas(text), strict=False)
+        except ValueError:
+            return _read_malformed(text)
+    if not isinstance(obj, dict) or "id" not in obj:
+        return None
+    item_id = str(obj["id"])
+    if "output" not in obj:
+        if "input" in obj:
+            return None  # the model echoed a request item: not an answer, blames nobody
+        return Occurrence(item_id, None, False, "\x00no output")
+    raw = obj["output"]
+    return Occurrence(item_id, raw, True, json.dumps(raw, sort_keys=True, ensure_ascii=False))
+
+
+def _drop_trailing_commas(text: str) -> str:
+    return _TRAILING_COMMA.sub(lambda m: m.group(1) or m.group(2), text)
+
+
+def _read_malformed(text: str) -> Occurrence | None:
+    match = _LEADING_ID.match(text)
+    if match is None:
+        return None
+    if match.group(2) is not None:
+        item_id = match.group(2)
+    else:
+        try:
+            item_id = json.loads(f'"{match.group(1)}"', strict=False)
+        except ValueError:
+            return None
+    return Occurrence(item_id, text, False, "\x00malformed " + text)
+
+
+def judge(occurrence: Occurrence, validate: Callable[[Any], T]) -> tuple[bool, Any]:
+    """Validate one occurrence.
+
+    Args:
+        occurrence: The result read from the reply.
+        validate: Converts a raw output to the caller's type; any exception means invalid.
+
+    Returns:
+        ``(True, value)`` or ``(False, ItemFailure)``.
+    """
+    if not occurrence.has_output:
+        reason = "not valid JSON" if isinstance(occurrence.raw, str) else "without an output"
+        error = f"the result for id {occurrence.id!r} was {reason}"
+        return False, ItemFailure(FailureKind.INVALID, occurrence.raw, error)
+    try:
+        return True, validate(occurrence.raw)
+    except Exception as exc:  # any validator error means "invalid", by contract
+        return False, ItemFailure(FailureKind.INVALID, occurrence.raw, str(exc))
+
+
+def absent(item_id: str, *, truncated: bool) -> ItemFailure:
+    """The failure of an id the reply never gave a result for.
+
+    Args:
+        item_id: The id.
+        truncated: Whether the reply was cut off.
+    """
+    if truncated:
+        return ItemFailure(
+            FailureKind.TRUNCATED, None, f"the reply was cut off before a result for id {item_id!r}"
+        )
+    return ItemFailure(FailureKind.MISSING, None, f"the reply had no result for id {item_id!r}")
+
+
+def check_ids(ids: Iterable[str]) -> tuple[str, ...]:
+    """Return the ids as a tuple, checking they are unique strings.
+
+    Args:
+        ids: A request's item ids.
+
+    Raises:
+        ConfigurationError: An id is not a string or appears twice.
+    """
+    out = tuple(ids)
+    if not all(isinstance(i, str) for i in out):
+        raise ConfigurationError(f"item ids must be strings, got {out!r}")
+    if len(set(out)) != len(out):
+        raise ConfigurationError(f"item ids must be unique within a request, got {out!r}")
+    return out
+
+
+class ReaskPlan(NamedTuple):
+    """Which failed items to send again and which to give up on.
+
+    Attributes:
+        reask: Ids to carry in a new request, in request order.
+        give_up: Ids whose callers get their :class:`~coalesce.ItemError` now.
+    """
+
+    reask: tuple[str, ...]
+    give_up: tuple[str, ...]
+
+
+def plan_reask(
+    split: Split[Any],
+    attempts: Mapping[str, int],
+    max_attempts: int,
+    *,
+    retry_kinds: Collection[FailureKind] = frozenset(FailureKind),
+) -> ReaskPlan:
+    """Decide, for every failed id of a split, whether to re-ask it.
+
+    Args:
+        split: The split reply.
+        attempts: Requests that have carried each id so far, this one included (an id
+            absent from the mapping counts as 1).
+        max_attempts: Total requests allowed per item (1 means never re-ask).
+        retry_kinds: Failure kinds worth re-asking; other kinds give up at once.
+
+    Raises:
+        ConfigurationError: ``max_attempts`` is below 1.
+    """
+    if max_attempts < 1:
+        raise ConfigurationError(f"max_attempts must be at least 1, got {max_attempts}")
+    reask: list[str] = []
+    give_up: list[str] = []
+    for item_id in split.ids:
+        failure = split.failures.get(item_id)
+        if failure is None:
+            continue
+        again = failure.kind in retry_kinds and attempts.get(item_id, 1) < max_attempts
+        (reask if again else give_up).append(item_id)
+    return ReaskPlan(tuple(reask), tuple(give_up))
+
+
+def failure_error(item_id: str, failure: ItemFailure, *, attempts: int = 1) -> ItemError:
+    """The exception a caller receives for a failure it gives up on.
+
+    ``DUPLICATE`` maps to :class:`~coalesce.InvalidOutputError`: the caller's output
+    exists but cannot be trusted.
+
+    Args:
+        item_id: The item's id in the last request that carried it.
+        failure: Its failure in that request's reply.
+        attempts: How many requests carried the item.
+    """
+    classes: dict[FailureKind, type[ItemError]] = {
+        FailureKind.MISSING: MissingOutputError,
+        FailureKind.INVALID: InvalidOutputError,
+        FailureKind.DUPLICATE: InvalidOutputError,
+        FailureKind.TRUNCATED: TruncatedOutputError,
+    }
+    message = f"item {item_id!r}: {failure.error} (after {attempts} attempt(s))"
+    return classes[failure.kind](message, item_id=item_id, raw=failure.raw, attempts=attempts)
+
+
+def ordered_unique(values: Sequence[str]) -> tuple[str, ...]:
+    """The values without repeats, in first-seen order."""
+    return tuple(dict.fromkeys(values))

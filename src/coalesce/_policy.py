@@ -1,0 +1,80 @@
+"""When does an open window become a batch? Pure decisions, no clock, no I/O.
+
+The batcher keeps one open *window* per partition key and asks these functions,
+with explicit state and ``now``, whether to dispatch it. Tests call them with
+hand-built numbers and no event loop.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+__all__ = ["DispatchReason", "Limits", "after_add", "before_add", "window_deadline"]
+
+
+class DispatchReason(str, enum.Enum):
+    """Why a batch was dispatched."""
+
+    #: The window reached ``max_items``.
+    FULL = "full"
+    #: The window reached ``max_size``, or the next item would have pushed it over.
+    SIZE = "size"
+    #: The oldest item in the window had waited ``max_wait``.
+    WINDOW = "window"
+    #: ``aclose()`` flushed the window.
+    CLOSE = "close"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The limits one batcher enforces on every window.
+
+    Attributes:
+        max_items: Most items in one batch.
+        max_wait: Longest an item waits in an open window, in seconds.
+        max_size: Most total weight in one batch, or ``None`` for no weight limit.
+    """
+
+    max_items: int
+    max_wait: float
+    max_size: float | None = None
+
+
+def before_add(count: int, size: float, item_size: float, limits: Limits) -> DispatchReason | None:
+    """Must the open window be dispatched *before* an item of ``item_size`` joins it?
+
+    Only when the window already holds items and the new one would push it over
+    ``max_size``; an empty window always accepts the item, however heavy, so an
+    item heavier than ``max_size`` travels alone instead of being dropped.
+    """
+    if limits.max_size is not None and count and size + item_size > limits.max_size:
+        return DispatchReason.SIZE
+    return None
+
+
+def after_add(count: int, size: float, limits: Limits) -> DispatchReason | None:
+    """Must the window, now holding ``count`` items of total ``size``, go at once?"""
+    if count >= limits.max_items:
+        return DispatchReason.FULL
+    if limits.max_size is not None and size >= limits.max_size:
+        return DispatchReason.SIZE
+    return None
+
+
+def window_deadline(opened_at: float, limits: Limits) -> float:
+    """The time at which a window opened at ``opened_at`` is dispatched."""
+    return opened_at + limits.max_wait
+
+
+def validate_size(value: float) -> float:
+    """Check an item weight returned by the user's ``size`` function."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TypeError(f"size() must return a finite number, got {value!r}")
+    if value < 0:
+        raise ValueError(f"size() must return a number >= 0, got {value!r}")
+    return value

@@ -1,0 +1,73 @@
+"""Statistics snapshots and the small recorders behind them."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping
+from typing import NamedTuple
+
+__all__ = ["BatcherStatistics", "QuantileWindow", "quantile"]
+
+
+def quantile(sorted_values: list[float], q: float) -> float:
+    """The ``q`` quantile of already sorted values (linear interpolation); NaN if empty."""
+    if not sorted_values:
+        return math.nan
+    position = q * (len(sorted_values) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(sorted_values) - 1)
+    fraction = position - low
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * fraction
+
+
+class QuantileWindow:
+    """The most recent ``size`` samples, for exact quantiles over a sliding window."""
+
+    __slots__ = ("_samples",)
+
+    def __init__(self, size: int = 4096) -> None:
+        self._samples: deque[float] = deque(maxlen=size)
+
+    def extend(self, values: Iterable[float]) -> None:
+        self._samples.extend(values)
+
+    def quantiles(self, *qs: float) -> tuple[float, ...]:
+        ordered = sorted(self._samples)
+        return tuple(quantile(ordered, q) for q in qs)
+
+
+class BatcherStatistics(NamedTuple):
+    """An immutable snapshot of a :class:`~coalesce.Batcher`'s counters.
+
+    Wait times are in seconds, measured from a call's arrival to the dispatch of
+    its batch, over the most recent 4096 dispatched items (NaN before any).
+    """
+
+    #: Calls accepted so far.
+    items_submitted: int
+    #: Calls that received a result.
+    items_completed: int
+    #: Calls that received an exception (their own, or their batch's).
+    items_failed: int
+    #: Calls cancelled by their caller, before or after dispatch.
+    items_cancelled: int
+    #: Batches handed to the batch function.
+    batches: int
+    #: Batches by :class:`~coalesce.DispatchReason` value (``"full"``, ``"size"``,
+    #: ``"window"``, ``"close"``).
+    batches_by_reason: Mapping[str, int]
+    #: Mean items per dispatched batch (NaN before any).
+    mean_batch_size: float
+    #: Largest batch dispatched so far.
+    max_batch_size: int
+    #: Items accepted and not yet dispatched.
+    queue_depth: int
+    #: Batches running now.
+    batches_in_flight: int
+    #: Median wait from arrival to dispatch.
+    wait_p50: float
+    #: 95th percentile wait from arrival to dispatch.
+    wait_p95: float
+    #: 99th percentile wait from arrival to dispatch.
+    wait_p99: float

