@@ -14,6 +14,7 @@ import functools
 import inspect
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Hashable, Sequence
+from threading import get_ident
 from typing import Any, Generic, TypeVar, overload
 
 import anyio
@@ -27,7 +28,7 @@ from ._exceptions import (
 )
 from ._policy import DispatchReason, Limits, after_add, before_add, validate_size
 from ._runtime import Runtime, current_runtime, running_owner
-from ._stats import BatcherStatistics, QuantileWindow
+from ._stats import BatcherStatistics, WaitRecorder
 from ._validate import check_callable, check_int, check_seconds
 
 __all__ = ["BatchMethod", "Batcher", "batch"]
@@ -127,6 +128,10 @@ class Batcher(Generic[T, R]):
         self._size = check_callable("size", size)
 
         self._rt: Runtime | None = None
+        self._loop: Any = None  # the bound asyncio loop, for the hot path's check
+        self._clock: Callable[[], float] = _no_clock
+        self._new_waiter: Callable[[], Any] = _no_clock
+        self._lean = size is None and max_pending is None
         self._windows: dict[Hashable, _Window] = {}
         self._ready: deque[_Window] = deque()
         self._in_flight = 0
@@ -135,9 +140,8 @@ class Batcher(Generic[T, R]):
         self._room: anyio.Event | None = None
         self._drained: anyio.Event | None = None
 
-        # Accepted items = dispatched + withdrawn + still queued; only the first and
-        # last are counted on the hot path, the queue depth is derived from them.
-        self._submitted = 0
+        # Accepted items = dispatched + withdrawn + still queued: nothing is counted
+        # per item on the hot path, the totals are derived from the windows.
         self._withdrawn = 0
         self._completed = 0
         self._failed = 0
@@ -146,7 +150,7 @@ class Batcher(Generic[T, R]):
         self._started = 0
         self._items_dispatched = 0
         self._max_batch = 0
-        self._waits = QuantileWindow()
+        self._waits = WaitRecorder()
         functools.update_wrapper(self, fn, updated=())
 
     # -- the caller's side ---------------------------------------------------
@@ -164,18 +168,34 @@ class Batcher(Generic[T, R]):
             Exception: Whatever the batch function raised for this item's batch, or
                 the exception instance it returned in this item's place.
         """
-        rt = self._rt
-        if rt is None or rt.owner is not running_owner():
-            rt = self._runtime()
-        if rt.awaitable_waiters and (
-            self._max_pending is None or self._pending < self._max_pending
-        ):
+        loop = self._loop
+        # The hot path's "still the same loop?" check: a loop runs in one thread at a
+        # time, so the bound loop running in this thread is the running loop. (It
+        # avoids asyncio.get_running_loop(), which makes a getpid() system call.)
+        if loop is not None and loop._thread_id == get_ident():
             try:
-                return self._enqueue(item)  # type: ignore[no-any-return]
+                if self._lean and not self._closed:
+                    # Joining an open window, no size or room limits: _enqueue() inlined.
+                    key = self._partition(item) if self._partition is not None else None
+                    window = self._windows.get(key)
+                    if window is not None:
+                        waiter = self._new_waiter()
+                        window.items.append(item)
+                        window.waiters.append(waiter)
+                        window.arrivals.append(self._clock())
+                        if len(window.items) >= self._max_items:
+                            self._dispatch(window, DispatchReason.FULL)
+                        return waiter  # type: ignore[no-any-return]
+                if self._max_pending is None or self._pending < self._max_pending:
+                    return self._enqueue(item)  # type: ignore[no-any-return]
             except Exception as exc:
-                failed = rt.new_waiter()
-                rt.fail(failed, exc)
+                failed = self._new_waiter()
+                failed.set_exception(exc)
                 return failed  # type: ignore[no-any-return]
+            return self._call_slowly(item)
+        rt = self._runtime()
+        if rt.awaitable_waiters:
+            return self(item)  # now bound to this loop: take the path above
         return self._call_slowly(item)
 
     async def _call_slowly(self, item: T) -> R:
@@ -232,7 +252,6 @@ class Batcher(Generic[T, R]):
         window.items.append(item)
         window.waiters.append(waiter)
         window.arrivals.append(now)
-        self._submitted += 1
         if self._size is None:
             if len(window.items) >= self._max_items:  # after_add(), inlined: hot path
                 self._dispatch(window, DispatchReason.FULL)
@@ -274,7 +293,10 @@ class Batcher(Generic[T, R]):
     @property
     def _pending(self) -> int:
         """Items accepted and not yet handed to the batch function."""
-        return self._submitted - self._items_dispatched - self._withdrawn
+        waiting = sum(len(window.items) for window in self._windows.values())
+        if self._ready:
+            waiting += sum(len(window.items) for window in self._ready)
+        return waiting
 
     def _runtime(self) -> Runtime:
         rt = self._rt
@@ -286,6 +308,11 @@ class Batcher(Generic[T, R]):
                 " event loop at a time (create one batcher per loop or thread)"
             )
         self._rt = rt = current_runtime(self._on_cancel)
+        self._clock = rt.clock
+        self._new_waiter = rt.new_waiter
+        self._loop = getattr(rt, "loop", None)
+        if not isinstance(getattr(self._loop, "_thread_id", None), int):
+            self._loop = None  # not a stock asyncio loop: always take the full check
         self._room = self._drained = None
         return rt
 
@@ -308,8 +335,7 @@ class Batcher(Generic[T, R]):
         self._started += 1
         self._items_dispatched += count
         self._max_batch = max(self._max_batch, count)
-        now = rt.clock()
-        self._waits.extend([now - arrival for arrival in window.arrivals])
+        self._waits.add(rt.clock(), window.arrivals)
         if self._room is not None:
             self._wake_room()
         rt.spawn(self._run, window)
@@ -383,10 +409,13 @@ class Batcher(Generic[T, R]):
             while self._windows:
                 window = next(iter(self._windows.values()))
                 deadline = window.opened_at + self._limits.max_wait
-                if rt.clock() >= deadline:
-                    self._dispatch(window, DispatchReason.WINDOW)
-                else:
+                if rt.clock() < deadline:
                     await anyio.sleep_until(deadline)
+                    # Trust the sleep rather than re-reading the clock: a coarse
+                    # clock may still read a hair before the deadline it woke for.
+                    if self._windows.get(window.key) is not window:
+                        continue  # dispatched meanwhile (full, size or close)
+                self._dispatch(window, DispatchReason.WINDOW)
         finally:
             self._timer_on = False
 
@@ -425,8 +454,9 @@ class Batcher(Generic[T, R]):
         """An immutable snapshot of the counters (see :class:`BatcherStatistics`)."""
         started = self._started
         p50, p95, p99 = self._waits.quantiles(0.5, 0.95, 0.99)
+        pending = self._pending
         return BatcherStatistics(
-            items_submitted=self._submitted,
+            items_submitted=self._items_dispatched + self._withdrawn + pending,
             items_completed=self._completed,
             items_failed=self._failed,
             items_cancelled=self._cancelled,
@@ -434,7 +464,7 @@ class Batcher(Generic[T, R]):
             batches_by_reason={str(k): v for k, v in self._by_reason.items()},
             mean_batch_size=self._items_dispatched / started if started else float("nan"),
             max_batch_size=self._max_batch,
-            queue_depth=self._pending,
+            queue_depth=pending,
             batches_in_flight=self._in_flight,
             wait_p50=p50,
             wait_p95=p95,
@@ -524,6 +554,10 @@ def batch(fn: Any = None, /, **options: Any) -> Any:
         Batcher(_placeholder, **options)
         return _BatchDecorator(options)
     return _decorate(fn, options)
+
+
+def _no_clock() -> Any:  # pragma: no cover - replaced when a loop is bound
+    raise RuntimeError("not bound to an event loop")
 
 
 async def _placeholder(items: list[Any]) -> list[Any]:  # pragma: no cover - never called

@@ -19,6 +19,7 @@ import asyncio
 import collections.abc
 import functools
 import sys
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Generic, TypeVar
 
@@ -123,10 +124,14 @@ class AsyncioRuntime(Runtime):
 
     def __init__(self, loop: asyncio.AbstractEventLoop, on_cancel: Callable[[Any], None]) -> None:
         self.owner = loop
-        self.clock = loop.time
+        # A stock loop's time() is a Python method returning time.monotonic(); calling
+        # the latter directly reads the very same clock without a Python frame per
+        # item. A loop with its own clock (looptime, uvloop) keeps its own.
+        stock = type(loop).time is asyncio.BaseEventLoop.time
+        self.clock = time.monotonic if stock else loop.time
         self.cancelled = asyncio.CancelledError
         self.awaitable_waiters = True
-        self._loop = loop
+        self.loop = self._loop = loop
         call_class = type(
             "AsyncioCall", (AsyncioCall,), {"__slots__": (), "_on_cancel": staticmethod(on_cancel)}
         )

@@ -7,7 +7,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
-__all__ = ["BatcherStatistics", "QuantileWindow", "quantile"]
+__all__ = ["BatcherStatistics", "QuantileWindow", "WaitRecorder", "quantile"]
 
 
 def quantile(sorted_values: list[float], q: float) -> float:
@@ -35,6 +35,31 @@ class QuantileWindow:
     def quantiles(self, *qs: float) -> tuple[float, ...]:
         ordered = sorted(self._samples)
         return tuple(quantile(ordered, q) for q in qs)
+
+
+class WaitRecorder:
+    """Waits from arrival to dispatch, over roughly the most recent ``size`` items.
+
+    Recording costs O(1) per batch (the batch's arrival times are kept as they are);
+    the per-item waits are computed only when statistics are asked for.
+    """
+
+    __slots__ = ("_batches", "_items", "_size")
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._batches: deque[tuple[float, list[float]]] = deque()
+        self._items = 0
+
+    def add(self, dispatched_at: float, arrivals: list[float]) -> None:
+        self._batches.append((dispatched_at, arrivals))
+        self._items += len(arrivals)
+        while self._items - len(self._batches[0][1]) >= self._size:
+            self._items -= len(self._batches.popleft()[1])
+
+    def quantiles(self, *qs: float) -> tuple[float, ...]:
+        waits = sorted(at - arrival for at, arrivals in self._batches for arrival in arrivals)
+        return tuple(quantile(waits[-self._size :], q) for q in qs)
 
 
 class BatcherStatistics(NamedTuple):
