@@ -22,6 +22,7 @@ from ._exceptions import (
     TruncatedOutputError,
 )
 from ._policy import DispatchReason
+from ._prompt import PromptFunction, prompt
 from ._stats import BatcherStatistics
 
 try:
@@ -42,9 +43,11 @@ __all__ = [
     "InvalidOutputError",
     "ItemError",
     "MissingOutputError",
+    "PromptFunction",
     "QueueFull",
     "ResultCountError",
     "TruncatedOutputError",
     "__version__",
     "batch",
+    "prompt",
 ]

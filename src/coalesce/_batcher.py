@@ -345,7 +345,7 @@ class Batcher(Generic[T, R]):
         assert rt is not None
         try:
             try:
-                results = await self._fn(window.items)
+                results = await self._invoke(window)
             except rt.cancelled as exc:
                 self._fail_all(window, BatchError(f"{self._name}: the batch was cancelled"), exc)
                 raise
@@ -359,6 +359,23 @@ class Batcher(Generic[T, R]):
         finally:
             self._in_flight -= 1
             self._after_batch()
+
+    async def _invoke(self, window: _Window) -> Any:
+        """Call the batch function for one window (subclasses may pass more)."""
+        return await self._fn(window.items)
+
+    def _deliver_one(self, window: _Window, index: int, result: Any) -> None:
+        """Resolve one caller of a running batch now, before the batch returns.
+
+        A later result for the same caller (in the returned list) is ignored.
+        """
+        rt = self._rt
+        assert rt is not None
+        waiter = window.waiters[index]
+        if isinstance(result, BaseException):
+            self._failed += rt.fail(waiter, result)
+        else:
+            self._completed += rt.resolve(waiter, result)
 
     def _deliver(self, window: _Window, results: Any) -> None:
         rt = self._rt

@@ -1,7 +1,7 @@
 """Retrying one provider request: what to retry, how long to wait, when to give up.
 
-The decisions are pure functions (:func:`retry_after`, :func:`status_advice`,
-:func:`backoff_delay`, :func:`next_wait`); :func:`complete_with_retries` feeds them
+The decisions are pure functions (:func:`backoff_delay`, :func:`next_wait`; the
+HTTP ones, ``retry-after`` and statuses, are in ``providers/_http.py``); :func:`complete_with_retries` feeds them
 from tenacity's ``AsyncRetrying``, sleeping through ``anyio`` so virtual clocks apply.
 
 What is retried is the provider's call (:meth:`Provider.advise`): 429, 5xx, timeouts
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import anyio
@@ -33,12 +33,8 @@ __all__ = [
     "backoff_delay",
     "complete_with_retries",
     "next_wait",
-    "retry_after",
-    "status_advice",
 ]
 
-#: Statuses worth sending again: request timeout, conflict, rate limit.
-RETRY_STATUSES = frozenset({408, 409, 429})
 BACKOFF_BASE = 0.5
 BACKOFF_CAP = 8.0
 
@@ -55,46 +51,6 @@ class RetryEvent(NamedTuple):
     attempt: int
     error: BaseException
     wait: float
-
-
-def retry_after(headers: Mapping[str, str]) -> float | None:
-    """Seconds the server asked to wait, from ``retry-after-ms`` or ``retry-after``.
-
-    Only numbers are understood; an HTTP date (rare for APIs) gives ``None``, since
-    reading it would need the wall clock.
-
-    Args:
-        headers: Response headers; names are matched case-insensitively.
-    """
-    lowered = {name.lower(): value for name, value in headers.items()}
-    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
-        try:
-            seconds = float(lowered[name]) * scale
-        except (KeyError, ValueError):
-            continue
-        if 0 <= seconds < float("inf"):
-            return seconds
-    return None
-
-
-def status_advice(status: int, headers: Mapping[str, str]) -> RetryAdvice:
-    """Whether a response with HTTP ``status`` is worth retrying, and when.
-
-    408, 409, 429 and every 5xx (including Anthropic's 529 "overloaded") are retried;
-    other statuses are the request's own fault. An explicit ``x-should-retry`` header
-    (sent by OpenAI and Anthropic) wins.
-
-    Args:
-        status: The HTTP status code.
-        headers: The response headers.
-    """
-    lowered = {name.lower(): value.lower() for name, value in headers.items()}
-    should = lowered.get("x-should-retry")
-    if should in ("true", "false"):
-        retry = should == "true"
-    else:
-        retry = status in RETRY_STATUSES or status >= 500
-    return RetryAdvice(retry=retry, after=retry_after(headers) if retry else None)
 
 
 def backoff_delay(

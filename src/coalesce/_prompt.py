@@ -1,0 +1,412 @@
+"""``@coalesce.prompt``: an LLM function whose concurrent calls share one packed prompt.
+
+The decorated function's signature is the item, its return annotation the output
+schema and its docstring the shared instructions. Concurrent calls are grouped by a
+:class:`~coalesce.Batcher`; each group becomes one request in wire format v1 (see
+:mod:`coalesce._packing`), and the reply is split back by id so that each caller
+gets its own validated output, as soon as that output is complete when streaming.
+Items whose output is missing or invalid are asked again, in smaller groups, then
+alone; their neighbours are never failed or re-asked because of them.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import math
+import typing
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, ParamSpec, TypeVar
+
+import anyio
+import pydantic
+import pydantic_core
+
+from ._batcher import Batcher, _Window
+from ._client import as_provider
+from ._exceptions import ConfigurationError, ItemError
+from ._jsonstream import Failed, Resolved, StreamSplitter
+from ._outcomes import FailureKind, ItemFailure, failure_error
+from ._packing import pack_request, split_reply
+from ._retry import complete_with_retries
+from ._validate import check_callable, check_int, check_seconds
+from .providers import Completion, CompletionRequest, Provider
+
+__all__ = ["PromptFunction", "prompt"]
+
+P = ParamSpec("P")
+Out = TypeVar("Out")
+
+#: Defaults. Group size is an accuracy decision as well as a latency one: small
+#: models lose accuracy as more items share a prompt, hosted ones far less (about
+#: single-call accuracy at 4-6 items). A 50 ms window bounds the added wait.
+DEFAULT_MAX_ITEMS = 8
+DEFAULT_MAX_WAIT = 0.05
+DEFAULT_MAX_ATTEMPTS = 3
+
+
+@dataclass
+class _Job:
+    """One call in flight: its item, deadline and how many requests carried it."""
+
+    item: Any
+    key: str  # canonical JSON of the item, for de-duplication
+    deadline: float
+    partition: Hashable = None
+    attempts: int = 0
+    outcome: Any = None
+    done: bool = False
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """Everything fixed at decoration time."""
+
+    name: str
+    provider: Provider
+    model: str
+    instructions: str
+    output_schema: Mapping[str, Any]
+    validate: Callable[[Any], Any]
+    max_attempts: int
+    max_output_tokens: int | None
+    stream: bool
+    dedupe: bool
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+class _PromptBatcher(Batcher[_Job, Any]):
+    """A batcher whose batch function can resolve callers before it returns."""
+
+    def __init__(self, spec: _Spec, **options: Any) -> None:
+        self._spec = spec
+        super().__init__(_unused, name=spec.name, **options)
+
+    async def _invoke(self, window: _Window) -> Any:
+        jobs: list[_Job] = window.items
+
+        def settle(job_index: int, outcome: Any) -> None:
+            job = jobs[job_index]
+            job.outcome, job.done = outcome, True
+            self._deliver_one(window, job_index, outcome)
+
+        await _run_group(self._spec, jobs, settle)
+        return [job.outcome for job in jobs]
+
+
+async def _unused(items: list[Any]) -> list[Any]:  # pragma: no cover - _invoke replaces it
+    raise AssertionError("unreachable")
+
+
+async def _run_group(spec: _Spec, jobs: list[_Job], settle: Callable[[int, Any], None]) -> None:
+    """Ask for every job's output; re-ask failures in smaller groups, then alone."""
+    pending = list(range(len(jobs)))
+    group_size = len(pending)
+    while pending:
+        groups = [pending[i : i + group_size] for i in range(0, len(pending), group_size)]
+        failed: list[int] = []
+        for group in groups:
+            failed += await _ask(spec, jobs, group, settle)
+        pending = failed
+        group_size = max(1, math.ceil(len(failed) / 2)) if group_size > 1 else 1
+
+
+async def _ask(
+    spec: _Spec, jobs: list[_Job], indexes: list[int], settle: Callable[[int, Any], None]
+) -> list[int]:
+    """Send one request for ``indexes``; settle what it answers; return what to re-ask."""
+    # Identical items share one slot when dedupe is on.
+    slots: dict[str, list[int]] = {}
+    for index in indexes:
+        key = jobs[index].key if spec.dedupe else str(index)
+        slots.setdefault(key, []).append(index)
+    members = list(slots.values())
+    packed = pack_request(
+        spec.instructions,
+        [jobs[group[0]].item for group in members],
+        spec.output_schema,
+        structured=spec.provider.structured,
+    )
+    by_id = dict(zip(packed.ids, members, strict=False))
+    for index in indexes:
+        jobs[index].attempts += 1
+
+    def resolve(item_id: str, outcome: Any) -> None:
+        for index in by_id.get(item_id, ()):
+            if not jobs[index].done:
+                settle(index, outcome)
+
+    splitter = StreamSplitter(packed.ids, spec.validate)
+    streamed = False
+
+    def on_text(delta: str) -> None:
+        nonlocal streamed
+        streamed = True
+        for event in splitter.feed(delta):
+            if isinstance(event, Resolved):
+                resolve(event.id, event.value)
+
+    request = CompletionRequest(
+        model=spec.model,
+        system=packed.system,
+        user=packed.user,
+        reply_schema=packed.reply_schema if spec.provider.structured else None,
+        max_output_tokens=spec.max_output_tokens,
+        stream=spec.stream,
+        options=spec.options,
+    )
+    deadline = min(jobs[index].deadline for index in indexes)
+    completion = await complete_with_retries(
+        spec.provider, request, on_text=on_text if spec.stream else None, deadline=deadline
+    )
+    failures = _final_outcomes(spec, packed.ids, completion, splitter if streamed else None)
+    return _settle_failures(spec, jobs, by_id, failures, resolve, completion, deadline)
+
+
+def _final_outcomes(
+    spec: _Spec,
+    ids: Sequence[str],
+    completion: Completion,
+    splitter: StreamSplitter[Any] | None,
+) -> dict[str, Any]:
+    """Per id, a validated value or an :class:`ItemFailure`, once the reply is complete."""
+    outcomes: dict[str, Any] = {}
+    if splitter is not None:
+        for event in splitter.close(truncated=completion.truncated):
+            if isinstance(event, Failed):
+                outcomes[event.id] = event.failure
+        return outcomes
+    split = split_reply(completion.text, ids, spec.validate, truncated=completion.truncated)
+    outcomes.update(split.values)
+    outcomes.update(split.failures)
+    return outcomes
+
+
+def _settle_failures(
+    spec: _Spec,
+    jobs: list[_Job],
+    by_id: Mapping[str, list[int]],
+    outcomes: Mapping[str, Any],
+    resolve: Callable[[str, Any], None],
+    completion: Completion,
+    deadline: float,
+) -> list[int]:
+    """Resolve values, give up on exhausted or late failures, return ids to re-ask."""
+    reask: list[int] = []
+    now = anyio.current_time()
+    # A re-ask takes about as long as this request did; start one only if it fits.
+    time_left = deadline - now
+    took = completion.seconds or 0.0
+    for item_id, outcome in outcomes.items():
+        indexes = [i for i in by_id.get(item_id, ()) if not jobs[i].done]
+        if not indexes:
+            continue
+        if not isinstance(outcome, ItemFailure):
+            resolve(item_id, outcome)
+            continue
+        attempts = jobs[indexes[0]].attempts
+        if attempts < spec.max_attempts and took <= time_left:
+            reask.extend(indexes)
+        else:
+            resolve(item_id, _error(item_id, outcome, attempts, spec))
+    return sorted(reask)
+
+
+def _error(item_id: str, failure: ItemFailure, attempts: int, spec: _Spec) -> ItemError:
+    error = failure_error(item_id, failure, attempts=attempts)
+    if failure.kind is FailureKind.INVALID and spec.max_attempts > attempts:
+        error.args = (f"{error.args[0]}; no time left in the latency budget to ask again",)
+    return error
+
+
+class PromptFunction(Generic[P, Out]):
+    """What ``@coalesce.prompt`` returns: call it like the function it decorates.
+
+    ``await f(*args, **kwargs)`` returns that call's own validated output.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[P, Awaitable[Any]],
+        spec: _Spec,
+        batcher: _PromptBatcher,
+        partition: Callable[..., Hashable] | None,
+        latency_budget: float | None,
+    ) -> None:
+        self._fn = fn
+        self._spec = spec
+        self._batcher = batcher
+        self._partition = partition
+        self._budget = latency_budget
+        self._signature = inspect.signature(fn)
+        functools.update_wrapper(self, fn)
+
+    async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Out:
+        item = await self._item(args, kwargs)
+        key = json.dumps(item, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        deadline = anyio.current_time() + (self._budget if self._budget is not None else math.inf)
+        partition = self._partition(*args, **kwargs) if self._partition is not None else None
+        job = _Job(item=item, key=key, deadline=deadline, partition=partition)
+        return await self._batcher(job)  # type: ignore[no-any-return]
+
+    async def _item(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        bound = self._signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        produced = await self._fn(*args, **kwargs)
+        if produced is not None and produced is not Ellipsis:
+            value = produced  # the body formatted its own input
+        elif len(bound.arguments) == 1:
+            (value,) = bound.arguments.values()
+        else:
+            value = dict(bound.arguments)
+        return pydantic_core.to_jsonable_python(value)
+
+    def statistics(self) -> Any:
+        """A snapshot of the underlying batcher's counters."""
+        return self._batcher.statistics()
+
+    async def aclose(self) -> None:
+        """Send every pending call now, wait for all of them, refuse new calls."""
+        await self._batcher.aclose()
+
+    def __repr__(self) -> str:
+        return f"<PromptFunction {self._spec.name} model={self._spec.model!r}>"
+
+
+@typing.overload
+def prompt(fn: Callable[P, Awaitable[Out]], /) -> PromptFunction[P, Out]: ...
+@typing.overload
+def prompt(
+    *,
+    client: Any,
+    model: str,
+    instructions: str | None = None,
+    max_wait: float = DEFAULT_MAX_WAIT,
+    max_items: int = DEFAULT_MAX_ITEMS,
+    max_concurrency: int | None = None,
+    latency_budget: float | None = None,
+    partition: Callable[..., Hashable] | None = None,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    max_output_tokens: int | None = None,
+    stream: bool = True,
+    dedupe: bool = False,
+    **request_options: Any,
+) -> Callable[[Callable[P, Awaitable[Out]]], PromptFunction[P, Out]]: ...
+def prompt(fn: Any = None, /, **options: Any) -> Any:
+    """Turn ``async def f(<item params>) -> Out`` into an LLM call that coalesces.
+
+    The docstring (or ``instructions=``) is the shared instruction, sent once per
+    request; the call's arguments are the item (one parameter: its value; several: an
+    object of those fields; a body that returns something else than ``None``/``...``
+    returns the item itself); the return annotation is the output type, validated
+    with pydantic (a pydantic model, ``str``, ``int``, ``Literal``, an ``Enum``,
+    ``list[...]``...).
+
+    Args:
+        client: An ``openai.AsyncOpenAI``, an ``anthropic.AsyncAnthropic``, a
+            :class:`~coalesce.providers.Provider`, or a plain async callable
+            ``(CompletionRequest) -> str``.
+        model: The model name.
+        instructions: The shared instructions (default: the docstring).
+        max_wait: Longest a call waits for company, in seconds (default 0.05).
+        max_items: Most items per request (default 8).
+        max_concurrency: Most requests in flight at once (default: no limit).
+        latency_budget: Seconds a caller may wait end to end; re-asks and retries
+            that would not fit are not attempted (default: no budget).
+        partition: Called with the call's arguments; calls with different keys
+            (tenants, users) never share a prompt.
+        max_attempts: Requests that may carry one item, re-asks included (default 3).
+        max_output_tokens: Cap on each reply's tokens (default: the provider's).
+        stream: Stream replies and resolve each caller as soon as its own output is
+            complete (default True; providers that cannot stream ignore it).
+        dedupe: Identical items in one group share one slot in the prompt.
+        **request_options: Passed to the provider unchanged (``temperature=0``...).
+
+    Raises:
+        ConfigurationError: An option is out of range, the function is not ``async``,
+            it has no instructions, or its return type cannot be validated.
+    """
+    if fn is None:
+        return functools.partial(_decorate, options=options)
+    return _decorate(fn, options=options)
+
+
+def _decorate(fn: Any, *, options: dict[str, Any]) -> PromptFunction[Any, Any]:
+    if not inspect.iscoroutinefunction(fn):
+        raise ConfigurationError(f"@coalesce.prompt decorates an async def function, got {fn!r}")
+    options = dict(options)
+    if "client" not in options or "model" not in options:
+        raise ConfigurationError(
+            f"@coalesce.prompt on {fn.__qualname__} needs client= (an AsyncOpenAI, AsyncAnthropic,"
+            " Provider or async callable) and model= (the model name)"
+        )
+    client = options.pop("client")
+    model = options.pop("model")
+    if not isinstance(model, str) or not model:
+        raise ConfigurationError(f"model must be a non-empty string, got {model!r}")
+    instructions = options.pop("instructions", None) or inspect.getdoc(fn)
+    if not instructions:
+        raise ConfigurationError(
+            f"{fn.__qualname__} has no instructions: give it a docstring or instructions="
+        )
+    batch_options: dict[str, Any] = {
+        "max_wait": check_seconds("max_wait", options.pop("max_wait", DEFAULT_MAX_WAIT)),
+        "max_items": check_int("max_items", options.pop("max_items", DEFAULT_MAX_ITEMS)),
+        "max_concurrency": check_int(
+            "max_concurrency", options.pop("max_concurrency", None), optional=True
+        ),
+    }
+    budget = check_seconds(
+        "latency_budget", options.pop("latency_budget", None), positive=True, optional=True
+    )
+    partition = check_callable("partition", options.pop("partition", None))
+    output_type = _output_type(fn)
+    adapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(output_type)
+    spec = _Spec(
+        name=fn.__qualname__,
+        provider=as_provider(client),
+        model=model,
+        instructions=instructions,
+        output_schema=adapter.json_schema(),
+        validate=adapter.validate_python,
+        max_attempts=check_int("max_attempts", options.pop("max_attempts", DEFAULT_MAX_ATTEMPTS))
+        or 1,
+        max_output_tokens=check_int(
+            "max_output_tokens", options.pop("max_output_tokens", None), optional=True
+        ),
+        stream=bool(options.pop("stream", True)),
+        dedupe=bool(options.pop("dedupe", False)),
+        options=options,
+    )
+    if partition is not None:
+        batch_options["partition"] = _job_partition
+    batcher = _PromptBatcher(spec, **batch_options)
+    return PromptFunction(fn, spec, batcher, partition, budget)
+
+
+def _job_partition(job: _Job) -> Hashable:
+    return job.partition
+
+
+def _output_type(fn: Any) -> Any:
+    """The return annotation, resolved (``from __future__ import annotations`` too)."""
+    try:
+        hints = typing.get_type_hints(fn, include_extras=True)
+    except Exception as exc:
+        raise ConfigurationError(
+            f"cannot resolve the return annotation of {fn.__qualname__}: {exc}; define the"
+            " output type at module level (or import it) so it can be looked up"
+        ) from exc
+    output = hints.get("return", str)
+    if output is Any or output is None or output is type(None):
+        return str
+    try:
+        pydantic.TypeAdapter(output).json_schema()
+    except Exception as exc:
+        raise ConfigurationError(
+            f"the return type of {fn.__qualname__} ({output!r}) cannot be validated and"
+            f" described as JSON schema by pydantic: {exc}"
+        ) from exc
+    return output

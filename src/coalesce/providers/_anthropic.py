@@ -1,0 +1,196 @@
+"""Anthropic Messages through the official SDK (``coalesce[anthropic]``).
+
+Structured replies use a forced tool: its ``input_schema`` is the reply schema and the
+reply text is the tool call's input as JSON. The SDK is imported only when used.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .._packing import anthropic_tool
+from ._base import Completion, CompletionRequest, RetryAdvice, Usage
+from ._http import Collector, lower_headers, status_advice
+
+if TYPE_CHECKING:
+    import anthropic
+
+__all__ = ["DEFAULT_MAX_TOKENS", "AnthropicProvider", "finish_reason"]
+
+#: ``max_tokens`` sent when the request sets no cap (Anthropic requires one).
+DEFAULT_MAX_TOKENS = 4096
+
+_STOPPED = frozenset({"end_turn", "tool_use", "stop_sequence"})
+
+
+def finish_reason(stop_reason: str | None) -> str:
+    """Anthropic's ``stop_reason`` in OpenAI's words.
+
+    ``end_turn``, ``tool_use`` and ``stop_sequence`` become ``"stop"``, ``max_tokens``
+    becomes ``"length"``; anything else (``refusal``, ``pause_turn``...) is kept.
+
+    Args:
+        stop_reason: The message's ``stop_reason``.
+    """
+    if stop_reason is None or stop_reason in _STOPPED:
+        return "stop"
+    if stop_reason == "max_tokens":
+        return "length"
+    return stop_reason
+
+
+def _usage(usage: Any, output_tokens: int | None = None) -> Usage:
+    """``input_tokens`` counts every prompt token, cached ones included (as OpenAI does)."""
+    cache_read = getattr(usage, "cache_read_input_tokens", None) or 0
+    cache_write = getattr(usage, "cache_creation_input_tokens", None) or 0
+    fresh = getattr(usage, "input_tokens", None) or 0
+    if output_tokens is None:
+        output_tokens = getattr(usage, "output_tokens", None) or 0
+    return Usage(fresh + cache_read + cache_write, output_tokens, cache_read)
+
+
+class AnthropicProvider:
+    """Messages through an ``anthropic.AsyncAnthropic`` client.
+
+    The client is copied with ``max_retries=0`` (yours is left as it is) so the SDK's
+    retries never multiply with coalesce's.
+
+    Args:
+        client: The SDK client.
+        default_max_tokens: ``max_tokens`` when the request sets no cap.
+        name: The provider's name in statistics.
+    """
+
+    structured = True
+
+    def __init__(
+        self,
+        client: anthropic.AsyncAnthropic,
+        *,
+        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        name: str = "anthropic",
+    ) -> None:
+        self.name = name
+        self.default_max_tokens = default_max_tokens
+        self._client = client.with_options(max_retries=0)
+
+    async def complete(
+        self, request: CompletionRequest, on_text: Callable[[str], None] | None = None
+    ) -> Completion:
+        """Send ``request``; stream it if ``request.stream``.
+
+        Streamed, both text deltas and the forced tool's ``partial_json`` deltas go to
+        ``on_text``, so an incremental parser sees the JSON as it is written.
+
+        Args:
+            request: The request.
+            on_text: Receives each delta of a streamed reply.
+
+        Raises:
+            anthropic.APIStatusError: An error answer (``RateLimitError``, 529...).
+            anthropic.APIConnectionError: The connection failed or dropped.
+            anthropic.APITimeoutError: The request timed out.
+        """
+        collector = Collector(on_text)
+        raw = await self._client.messages.with_raw_response.create(**self.arguments(request))
+        headers = lower_headers(raw.headers.items())
+        parsed = await raw.parse()  # a Message, or an AsyncStream of events
+        if request.stream:
+            async with parsed as stream:
+                return await _read_stream(stream, collector, headers)
+        return _completion(parsed, collector, headers, request.reply_schema is not None)
+
+    def arguments(self, request: CompletionRequest) -> dict[str, Any]:
+        """The keyword arguments of ``messages.create`` for ``request``.
+
+        Args:
+            request: The request.
+        """
+        args: dict[str, Any] = {
+            **request.options,
+            "model": request.model,
+            "system": request.system,
+            "messages": [{"role": "user", "content": request.user}],
+            "max_tokens": self.default_max_tokens
+            if request.max_output_tokens is None
+            else request.max_output_tokens,
+        }
+        if request.reply_schema is not None:
+            args["tools"] = [anthropic_tool(request.reply_schema, name=request.schema_name)]
+            args["tool_choice"] = {"type": "tool", "name": request.schema_name}
+        if request.stream:
+            args["stream"] = True
+        return args
+
+    def advise(self, error: BaseException) -> RetryAdvice:
+        """Retry 408, 409, 429 (after ``retry-after``), 5xx and 529, timeouts, connection errors.
+
+        Args:
+            error: What :meth:`complete` raised.
+        """
+        import anthropic
+
+        if isinstance(error, anthropic.APIStatusError):
+            headers = lower_headers(error.response.headers.items())
+            return status_advice(error.status_code, headers)
+        return RetryAdvice(retry=isinstance(error, anthropic.APIConnectionError))
+
+    def __repr__(self) -> str:
+        return f"<AnthropicProvider base_url={str(self._client.base_url)!r}>"
+
+
+def _completion(
+    message: Any, collector: Collector, headers: dict[str, str], tool: bool
+) -> Completion:
+    tools = [block for block in message.content if block.type == "tool_use"]
+    if tool and tools:
+        text = json.dumps(tools[0].input, ensure_ascii=False)
+    else:  # no schema, or the model answered in prose instead of calling the tool
+        text = "".join(block.text for block in message.content if block.type == "text")
+    return Completion(
+        text=text,
+        finish_reason=finish_reason(message.stop_reason),
+        usage=_usage(message.usage),
+        seconds=collector.elapsed(),
+        headers=headers,
+    )
+
+
+class _StreamState:
+    """What a message stream has said so far, besides the text."""
+
+    def __init__(self) -> None:
+        self.stop_reason: str | None = None
+        self.start_usage: Any = None
+        self.output_tokens: int | None = None
+
+    def see(self, event: Any, collector: Collector) -> None:
+        kind = event.type
+        if kind == "message_start":
+            self.start_usage = event.message.usage
+        elif kind == "content_block_delta":
+            delta = event.delta
+            if delta.type == "text_delta":
+                collector.add(delta.text)
+            elif delta.type == "input_json_delta":
+                collector.add(delta.partial_json)
+        elif kind == "message_delta":
+            self.stop_reason = event.delta.stop_reason or self.stop_reason
+            # The delta's output_tokens is the running total, not an increment.
+            self.output_tokens = event.usage.output_tokens
+
+
+async def _read_stream(stream: Any, collector: Collector, headers: dict[str, str]) -> Completion:
+    state = _StreamState()
+    async for event in stream:
+        state.see(event, collector)
+    return Completion(
+        text=collector.text,
+        finish_reason=finish_reason(state.stop_reason),
+        usage=None if state.start_usage is None else _usage(state.start_usage, state.output_tokens),
+        ttft=collector.ttft,
+        seconds=collector.elapsed(),
+        headers=headers,
+    )

@@ -1,0 +1,154 @@
+"""OpenAI Chat Completions through the official SDK (``coalesce[openai]``).
+
+The SDK is imported only when a provider is used, never by ``import coalesce``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .._packing import openai_response_format
+from ._base import Completion, CompletionRequest, RetryAdvice, Usage
+from ._http import Collector, lower_headers, status_advice
+
+if TYPE_CHECKING:
+    import openai
+    from openai.types import CompletionUsage
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+__all__ = ["OpenAIProvider"]
+
+
+class OpenAIProvider:
+    """Chat completions through an ``openai.AsyncOpenAI`` client.
+
+    The client is copied with ``max_retries=0`` (yours is left as it is): retries are
+    coalesce's job (:func:`~coalesce._retry.complete_with_retries`), so the two never
+    multiply.
+
+    Args:
+        client: The SDK client (its API key, base URL, timeout and headers are used).
+        strict: Ask for strict structured outputs (the reply schema goes through
+            ``strict_openai_schema``); set false for schemas strict mode cannot express.
+        name: The provider's name in statistics.
+    """
+
+    structured = True
+
+    def __init__(
+        self, client: openai.AsyncOpenAI, *, strict: bool = True, name: str = "openai"
+    ) -> None:
+        self.name = name
+        self.strict = strict
+        self._client = client.with_options(max_retries=0)
+
+    async def complete(
+        self, request: CompletionRequest, on_text: Callable[[str], None] | None = None
+    ) -> Completion:
+        """Send ``request``; stream it if ``request.stream``.
+
+        Args:
+            request: The request.
+            on_text: Receives each text delta of a streamed reply.
+
+        Raises:
+            openai.APIStatusError: An error answer (``RateLimitError`` for 429...).
+            openai.APIConnectionError: The connection failed or dropped.
+            openai.APITimeoutError: The request timed out.
+        """
+        collector = Collector(on_text)
+        create = self._client.chat.completions.with_raw_response.create
+        raw = await create(**self.arguments(request))
+        headers = lower_headers(raw.headers.items())
+        if request.stream:
+            async with raw.parse() as stream:
+                return await _read_stream(stream, collector, headers)
+        return _completion(raw.parse(), collector, headers)
+
+    def arguments(self, request: CompletionRequest) -> dict[str, Any]:
+        """The keyword arguments of ``chat.completions.create`` for ``request``.
+
+        ``request.options`` come first, so the request's own fields win.
+
+        Args:
+            request: The request.
+        """
+        args: dict[str, Any] = {
+            **request.options,
+            "model": request.model,
+            "messages": [
+                {"role": "system", "content": request.system},
+                {"role": "user", "content": request.user},
+            ],
+        }
+        if request.max_output_tokens is not None:
+            args["max_completion_tokens"] = request.max_output_tokens
+        if request.reply_schema is not None:
+            args["response_format"] = openai_response_format(
+                request.reply_schema, name=request.schema_name, strict=self.strict
+            )
+        if request.stream:
+            args["stream"] = True
+            args["stream_options"] = {"include_usage": True}
+        return args
+
+    def advise(self, error: BaseException) -> RetryAdvice:
+        """Retry 408, 409, 429 (after ``retry-after``), 5xx, timeouts and connection errors.
+
+        Args:
+            error: What :meth:`complete` raised.
+        """
+        import openai
+
+        if isinstance(error, openai.APIStatusError):
+            headers = lower_headers(error.response.headers.items())
+            return status_advice(error.status_code, headers)
+        return RetryAdvice(retry=isinstance(error, openai.APIConnectionError))
+
+    def __repr__(self) -> str:
+        return f"<OpenAIProvider base_url={str(self._client.base_url)!r} strict={self.strict}>"
+
+
+def _usage(usage: CompletionUsage | None) -> Usage | None:
+    if usage is None:
+        return None
+    details = usage.prompt_tokens_details
+    cached = details.cached_tokens if details is not None else None
+    return Usage(usage.prompt_tokens, usage.completion_tokens, cached or 0)
+
+
+def _reason(value: object, default: str) -> str:
+    return value if isinstance(value, str) and value else default
+
+
+def _completion(reply: ChatCompletion, collector: Collector, headers: dict[str, str]) -> Completion:
+    choice = reply.choices[0]
+    return Completion(
+        text=choice.message.content or "",
+        # Typed as always set, but compatible servers do send null.
+        finish_reason=_reason(choice.finish_reason, "stop"),
+        usage=_usage(reply.usage),
+        seconds=collector.elapsed(),
+        headers=headers,
+    )
+
+
+async def _read_stream(stream: Any, collector: Collector, headers: dict[str, str]) -> Completion:
+    finish_reason = "stop"
+    usage: Usage | None = None
+    chunk: ChatCompletionChunk
+    async for chunk in stream:
+        if chunk.usage is not None:
+            usage = _usage(chunk.usage)
+        for choice in chunk.choices:
+            collector.add(choice.delta.content)
+            finish_reason = choice.finish_reason or finish_reason
+    return Completion(
+        text=collector.text,
+        finish_reason=finish_reason,
+        usage=usage,
+        ttft=collector.ttft,
+        seconds=collector.elapsed(),
+        headers=headers,
+    )

@@ -1,0 +1,304 @@
+"""``@coalesce.prompt`` against the simulated provider, in process, on virtual time.
+
+This module uses ``from __future__ import annotations`` on purpose: output models
+defined at module level must still resolve.
+"""
+
+from __future__ import annotations
+
+import enum
+import typing
+from typing import Any, Literal
+
+import anyio
+import openai
+import pytest
+from pydantic import BaseModel, TypeAdapter
+
+import coalesce
+from coalesce import ConfigurationError, InvalidOutputError, ItemError, MissingOutputError
+from coalesce.testing import SimulatedProvider
+
+pytestmark = pytest.mark.anyio
+
+
+class Ticket(BaseModel):
+    category: Literal["billing", "bug", "account", "other"]
+    urgency: int
+    summary: str
+
+
+class Mood(enum.Enum):
+    HAPPY = "happy"
+    SAD = "sad"
+
+
+def expected(sim: SimulatedProvider, item: Any, output_type: Any) -> Any:
+    adapter: TypeAdapter[Any] = TypeAdapter(output_type)
+    return adapter.validate_python(sim.expected_output(item, adapter.json_schema()))
+
+
+async def call_all(fn: Any, items: list[Any]) -> list[Any]:
+    results: list[Any] = [None] * len(items)
+
+    async def one(index: int, item: Any) -> None:
+        try:
+            results[index] = await fn(item)
+        except Exception as exc:
+            results[index] = exc
+
+    async with anyio.create_task_group() as tg:
+        for index, item in enumerate(items):
+            tg.start_soon(one, index, item)
+    return results
+
+
+@pytest.fixture
+def sim() -> SimulatedProvider:
+    return SimulatedProvider(time_scale=0.01)
+
+
+def make_tagger(client: Any, **options: Any) -> Any:
+    @coalesce.prompt(client=client, model="gpt-4o-mini", **options)
+    async def tag(ticket: str) -> Ticket:
+        """Tag the support ticket with a category, an urgency from 1 to 5 and a summary."""
+
+    return tag
+
+
+async def test_each_caller_gets_the_answer_to_its_own_item(sim: SimulatedProvider) -> None:
+    tag = make_tagger(sim.openai_client(max_retries=0), max_items=20, max_wait=0.05)
+    tickets = [f"ticket number {n}: my invoice is wrong" for n in range(300)]
+    results = await call_all(tag, tickets)
+    assert results == [expected(sim, t, Ticket) for t in tickets]
+    stats = sim.statistics()
+    assert stats.requests <= 2 * 15
+    assert stats.items == 300
+
+
+@pytest.mark.parametrize(
+    ("output_type", "item"),
+    [(str, "plain"), (int, "a number"), (Mood, "mood"), (list[str], "tags"), (bool, "yes?")],
+)
+async def test_output_types(sim: SimulatedProvider, output_type: Any, item: str) -> None:
+    async def fn(text: str) -> Any:
+        """Answer."""
+
+    fn.__annotations__["return"] = output_type
+    answer = coalesce.prompt(client=sim.openai_client(max_retries=0), model="m")(fn)
+    result = await answer(item)
+    assert result == expected(sim, item, output_type)
+    assert isinstance(result, typing.get_origin(output_type) or output_type)
+
+
+async def test_several_parameters_make_an_object_item(sim: SimulatedProvider) -> None:
+    @coalesce.prompt(client=sim.openai_client(max_retries=0), model="m")
+    async def review(title: str, stars: int, text: str = "none") -> Mood:
+        """Guess the reviewer's mood."""
+
+    assert await review("Dune", 5) == expected(
+        sim, {"title": "Dune", "stars": 5, "text": "none"}, Mood
+    )
+
+
+async def test_a_body_that_returns_formats_its_own_item(sim: SimulatedProvider) -> None:
+    @coalesce.prompt(client=sim.openai_client(max_retries=0), model="m")
+    async def review(title: str, stars: int) -> Mood:
+        """Guess the reviewer's mood."""
+        return f"{title} ({stars}/5)"
+
+    assert await review("Dune", 5) == expected(sim, "Dune (5/5)", Mood)
+
+
+async def test_missing_and_invalid_items_are_reasked_alone_neighbours_untouched(
+    sim: SimulatedProvider,
+) -> None:
+    tag = make_tagger(sim.openai_client(max_retries=0), max_items=8, max_wait=0.05)
+    sim.inject("missing_item")
+    tickets = [f"t{n}" for n in range(8)]
+    results = await call_all(tag, tickets)
+    assert results == [expected(sim, t, Ticket) for t in tickets]
+    assert [r.items for r in sim.requests] == [8, 1]
+
+
+async def test_an_item_that_keeps_failing_gets_its_own_error(sim: SimulatedProvider) -> None:
+    tag = make_tagger(sim.openai_client(max_retries=0), max_items=4, max_attempts=2)
+    sim.inject("missing_item", "missing_item")
+    results = await call_all(tag, ["a", "b", "c", "d"])
+    errors = [r for r in results if isinstance(r, Exception)]
+    assert len(errors) == 1
+    (error,) = errors
+    assert isinstance(error, MissingOutputError)
+    assert error.attempts == 2
+    assert "after 2 attempt" in str(error)
+    assert [r for r in results if not isinstance(r, Exception)] == [
+        expected(sim, t, Ticket)
+        for t, r in zip("abcd", results, strict=False)
+        if not isinstance(r, Exception)
+    ]
+
+
+async def test_truncated_reply_keeps_complete_items_and_reasks_the_rest(
+    sim: SimulatedProvider,
+) -> None:
+    tag = make_tagger(sim.openai_client(max_retries=0), max_items=6)
+    sim.inject("truncate")
+    tickets = [f"t{n}" for n in range(6)]
+    results = await call_all(tag, tickets)
+    assert results == [expected(sim, t, Ticket) for t in tickets]
+    first, *reasks = sim.requests
+    assert first.items == 6
+    assert 1 <= sum(r.items for r in reasks) < 6
+
+
+@pytest.mark.parametrize(
+    "fault", ["code_fence", "prose", "out_of_order", "duplicate_id", "extra_id", "malformed_json"]
+)
+async def test_bad_replies_never_give_a_caller_another_callers_answer(
+    sim: SimulatedProvider, fault: str
+) -> None:
+    tag = make_tagger(sim.openai_client(max_retries=0), max_items=5)
+    sim.inject(fault)
+    tickets = [f"t{n}" for n in range(5)]
+    results = await call_all(tag, tickets)
+    assert results == [expected(sim, t, Ticket) for t in tickets]
+
+
+async def test_provider_errors_reach_every_caller_as_the_sdk_type(sim: SimulatedProvider) -> None:
+    tag = make_tagger(sim.openai_client(max_retries=0), max_items=3)
+    sim.inject(*["server_error"] * 3)
+    results = await call_all(tag, ["a", "b", "c"])
+    assert all(isinstance(r, openai.InternalServerError) for r in results)
+    assert len(sim.requests) == 3  # bounded retries, none multiplied by the SDK's
+
+
+async def test_retries_recover_from_transient_errors(sim: SimulatedProvider) -> None:
+    tag = make_tagger(sim.openai_client(max_retries=0), max_items=3)
+    sim.inject("rate_limit", "unavailable")
+    assert await call_all(tag, ["a", "b", "c"]) == [expected(sim, t, Ticket) for t in "abc"]
+
+
+async def test_streaming_resolves_each_caller_before_the_reply_ends() -> None:
+    sim = SimulatedProvider(time_scale=1.0, output_tokens=40)
+    tag = make_tagger(sim.openai_client(max_retries=0), max_items=4, max_wait=0.01)
+    finished: dict[str, float] = {}
+
+    async def one(ticket: str) -> None:
+        await tag(ticket)
+        finished[ticket] = anyio.current_time()
+
+    async with anyio.create_task_group() as tg:
+        for ticket in ["a", "b", "c", "d"]:
+            tg.start_soon(one, ticket)
+    (request,) = sim.requests
+    assert request.stream
+    times = sorted(finished.values())
+    assert times[0] < times[-1]  # resolved one by one as results completed
+    assert times[0] < request.finished_at
+
+
+async def test_without_streaming_everyone_waits_for_the_whole_reply() -> None:
+    sim = SimulatedProvider(time_scale=1.0, output_tokens=40)
+    tag = make_tagger(sim.openai_client(max_retries=0), max_items=4, stream=False)
+    finished: list[float] = []
+
+    async def one(ticket: str) -> None:
+        await tag(ticket)
+        finished.append(anyio.current_time())
+
+    async with anyio.create_task_group() as tg:
+        for ticket in ["a", "b", "c", "d"]:
+            tg.start_soon(one, ticket)
+    assert len(set(finished)) == 1
+
+
+async def test_partitions_never_share_a_prompt(sim: SimulatedProvider) -> None:
+    @coalesce.prompt(
+        client=sim.openai_client(max_retries=0),
+        model="m",
+        partition=lambda text, tenant: tenant,
+    )
+    async def tag(text: str, tenant: str) -> Mood:
+        """Mood."""
+
+    async with anyio.create_task_group() as tg:
+        for n in range(6):
+            tg.start_soon(tag, f"text {n}", "acme" if n % 2 else "globex")
+    assert sorted(r.items for r in sim.requests) == [3, 3]
+
+
+async def test_dedupe_shares_one_slot_between_identical_items(sim: SimulatedProvider) -> None:
+    tag = make_tagger(sim.openai_client(max_retries=0), dedupe=True)
+    results = await call_all(tag, ["same", "same", "other", "same"])
+    assert results == [expected(sim, t, Ticket) for t in ["same", "same", "other", "same"]]
+    assert [r.items for r in sim.requests] == [2]
+
+
+async def test_anthropic_client(sim: SimulatedProvider) -> None:
+    tag = make_tagger(sim.anthropic_client(max_retries=0), max_items=10)
+    tickets = [f"t{n}" for n in range(25)]
+    assert await call_all(tag, tickets) == [expected(sim, t, Ticket) for t in tickets]
+    assert all(r.api == "anthropic.messages" for r in sim.requests)
+
+
+async def test_plain_async_callable_as_client() -> None:
+    sim = SimulatedProvider()
+    seen: list[int] = []
+
+    async def backend(request: Any) -> str:
+        import json
+
+        items = json.loads(request.user)
+        seen.append(len(items))
+        return json.dumps(
+            {"results": [{"id": i["id"], "output": i["input"].upper()} for i in items]}
+        )
+
+    @coalesce.prompt(client=backend, model="local")
+    async def shout(text: str) -> str:
+        """Shout it."""
+
+    assert await call_all(shout, ["a", "b"]) == ["A", "B"]
+    assert seen == [2]
+    del sim
+
+
+def test_configuration_errors() -> None:
+    async def backend(request: Any) -> str:
+        return ""
+
+    with pytest.raises(ConfigurationError, match="needs client="):
+
+        @coalesce.prompt(model="m")  # type: ignore[call-overload]
+        async def a(x: str) -> str:
+            """Doc."""
+
+    with pytest.raises(ConfigurationError, match="no instructions"):
+
+        @coalesce.prompt(client=backend, model="m")
+        async def b(x: str) -> str: ...
+
+    with pytest.raises(ConfigurationError, match="async def"):
+
+        @coalesce.prompt(client=backend, model="m")  # type: ignore[arg-type]
+        def c(x: str) -> str:
+            """Doc."""
+            return x
+
+    with pytest.raises(ConfigurationError, match="max_items must be an integer >= 1"):
+
+        @coalesce.prompt(client=backend, model="m", max_items=0)
+        async def d(x: str) -> str:
+            """Doc."""
+
+    with pytest.raises(ConfigurationError, match="client must be"):
+
+        @coalesce.prompt(client="https://example.invalid", model="m")
+        async def e(x: str) -> str:
+            """Doc."""
+
+
+def test_item_errors_carry_the_raw_output() -> None:
+    error = InvalidOutputError("bad", item_id="3", raw={"x": 1}, attempts=2)
+    assert isinstance(error, ItemError)
+    assert (error.item_id, error.raw, error.attempts) == ("3", {"x": 1}, 2)

@@ -1,0 +1,475 @@
+"""The providers against the simulated OpenAI and Anthropic APIs, and their advice.
+
+In process on virtual time (both backends); one round trip per provider over real
+HTTP at the end, on the real clock.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+import anthropic
+import anyio
+import httpx
+import httpx2
+import openai
+import pytest
+from pydantic import TypeAdapter
+
+import coalesce.providers
+from coalesce._packing import PackedRequest, pack_request, split_reply
+from coalesce.providers import (
+    AnthropicProvider,
+    CallableProvider,
+    Completion,
+    CompletionRequest,
+    OpenAICompatibleProvider,
+    OpenAIProvider,
+    Provider,
+    RetryAdvice,
+    Usage,
+)
+from coalesce.providers._anthropic import finish_reason
+from coalesce.providers._http import chat_url, retry_after, status_advice
+from coalesce.testing import SimulatedDisconnect, SimulatedProvider, expected_output
+
+pytestmark = pytest.mark.anyio
+
+# The SDKs stop reading their SSE generators at the end without closing them; trio
+# warns when such a generator is collected. Only that warning is silenced.
+SDK_STREAMS = pytest.mark.filterwarnings(
+    "ignore:Async generator .* was garbage collected:ResourceWarning"
+)
+KINDS = ["openai", "anthropic", "compatible"]
+SCHEMA = TypeAdapter(Literal["pos", "neg"]).json_schema()
+INPUTS = ["great film", "awful plot", "fine", "loved it", "meh", "never again"]
+
+
+class _DroppingTransport(httpx.ASGITransport):
+    """``httpx.ASGITransport`` with the simulator's dropped connection as a real one's error."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            return await super().handle_async_request(request)
+        except SimulatedDisconnect as exc:
+            raise httpx.RemoteProtocolError(str(exc), request=request) from exc
+
+
+def make_provider(sim: SimulatedProvider, kind: str, base_url: str | None = None) -> Any:
+    """A provider of ``kind`` bound to ``sim`` (in process when ``base_url`` is None)."""
+    if kind == "openai":
+        return OpenAIProvider(sim.openai_client(base_url))
+    if kind == "anthropic":
+        return AnthropicProvider(sim.anthropic_client(base_url))
+    if base_url is not None:
+        return OpenAICompatibleProvider(base_url, "sk-test", timeout=5)
+    client = httpx.AsyncClient(transport=_DroppingTransport(app=sim))
+    return OpenAICompatibleProvider("http://sim.test/v1", "sk-test", http_client=client)
+
+
+def packed_request(
+    *, stream: bool = False, **options: Any
+) -> tuple[CompletionRequest, PackedRequest]:
+    packed = pack_request("Tag each review.", INPUTS, SCHEMA)
+    request = CompletionRequest(
+        model="gpt-4o-mini",
+        system=packed.system,
+        user=packed.user,
+        reply_schema=packed.reply_schema,
+        stream=stream,
+        **options,
+    )
+    return request, packed
+
+
+def assert_round_trip(completion: Completion, packed: PackedRequest) -> None:
+    split = split_reply(completion.text, packed.ids, lambda value: value)
+    assert split.values == {
+        item_id: expected_output(item, SCHEMA)
+        for item_id, item in zip(packed.ids, INPUTS, strict=True)
+    }
+    assert completion.finish_reason == "stop"
+    assert not completion.truncated
+    assert completion.usage is not None
+    assert completion.usage.input_tokens > 0
+    assert completion.usage.output_tokens > 0
+    assert completion.seconds is not None
+    assert completion.seconds > 0
+
+
+@pytest.fixture
+def sim() -> SimulatedProvider:
+    return SimulatedProvider()
+
+
+@pytest.fixture(params=KINDS)
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def provider(sim: SimulatedProvider, kind: str) -> AsyncIterator[Any]:
+    provider = make_provider(sim, kind)
+    yield provider
+    if isinstance(provider, OpenAICompatibleProvider):
+        await provider._client.aclose()
+
+
+# -- round trips in process ------------------------------------------------------------
+
+
+async def test_packed_request_comes_back_per_item(provider: Provider) -> None:
+    request, packed = packed_request()
+    completion = await provider.complete(request)
+    assert_round_trip(completion, packed)
+    assert completion.ttft is None
+    assert isinstance(provider, Provider)
+
+
+@SDK_STREAMS
+async def test_streaming_delivers_deltas(provider: Provider, sim: SimulatedProvider) -> None:
+    request, packed = packed_request(stream=True)
+    deltas: list[str] = []
+    completion = await provider.complete(request, deltas.append)
+    assert_round_trip(completion, packed)
+    assert len(deltas) > 1
+    assert "".join(deltas) == completion.text
+    assert completion.ttft is not None
+    assert completion.seconds is not None
+    assert 0 < completion.ttft <= completion.seconds
+    assert sim.requests[-1].stream
+
+
+@SDK_STREAMS
+@pytest.mark.parametrize("stream", [False, True])
+async def test_output_cap_truncates(provider: Provider, stream: bool) -> None:
+    request, packed = packed_request(stream=stream, max_output_tokens=8)
+    completion = await provider.complete(request)
+    assert completion.finish_reason == "length"
+    assert completion.truncated
+    assert completion.usage is not None
+    assert completion.usage.output_tokens == 8
+    assert split_reply(completion.text, packed.ids, str).truncated
+
+
+async def test_headers_are_captured_lower_case(provider: Provider, kind: str) -> None:
+    request, _ = packed_request()
+    completion = await provider.complete(request)
+    assert all(name == name.lower() for name in completion.headers)
+    assert completion.headers["content-type"].startswith("application/json")
+    rate = (
+        "anthropic-ratelimit-requests-limit"
+        if kind == "anthropic"
+        else "x-ratelimit-limit-requests"
+    )
+    assert rate in completion.headers
+
+
+@SDK_STREAMS
+@pytest.mark.parametrize("stream", [False, True])
+async def test_plain_text_without_schema(provider: Provider, stream: bool) -> None:
+    request = CompletionRequest(model="m", system="Answer.", user="hello", stream=stream)
+    completion = await provider.complete(request)
+    assert completion.text == expected_output("hello")
+    assert completion.finish_reason == "stop"
+
+
+async def test_options_pass_through_and_cap_is_sent(sim: SimulatedProvider, kind: str) -> None:
+    provider = make_provider(sim, kind)
+    request, _ = packed_request(max_output_tokens=3, options={"temperature": 0})
+    completion = await provider.complete(request)
+    assert completion.usage == Usage(completion.usage.input_tokens if completion.usage else 0, 3)
+
+
+async def test_sdk_retries_are_switched_off_without_touching_the_client(
+    sim: SimulatedProvider,
+) -> None:
+    oa, an = sim.openai_client(max_retries=5), sim.anthropic_client(max_retries=5)
+    sim.inject("server_error", "server_error")
+    request, _ = packed_request()
+    with pytest.raises(openai.InternalServerError):
+        await OpenAIProvider(oa).complete(request)
+    with pytest.raises(anthropic.InternalServerError):
+        await AnthropicProvider(an).complete(request)
+    assert [r.status for r in sim.requests] == [500, 500]
+    assert (oa.max_retries, an.max_retries) == (5, 5)
+
+
+async def test_anthropic_sends_a_forced_tool_and_default_cap() -> None:
+    provider = AnthropicProvider(anthropic.AsyncAnthropic(api_key="x"), default_max_tokens=100)
+    request, packed = packed_request()
+    args = provider.arguments(request)
+    assert args["max_tokens"] == 100
+    assert args["tool_choice"] == {"type": "tool", "name": "coalesce_results"}
+    assert args["tools"][0]["input_schema"] == packed.reply_schema
+    assert args["system"] == packed.system
+    assert args["messages"] == [{"role": "user", "content": packed.user}]
+
+
+async def test_openai_sends_a_strict_schema() -> None:
+    provider = OpenAIProvider(openai.AsyncOpenAI(api_key="x"))
+    request, _ = packed_request(max_output_tokens=50, stream=True)
+    args = provider.arguments(request)
+    spec = args["response_format"]["json_schema"]
+    assert (spec["name"], spec["strict"]) == ("coalesce_results", True)
+    assert spec["schema"]["additionalProperties"] is False
+    assert args["max_completion_tokens"] == 50
+    assert args["stream_options"] == {"include_usage": True}
+
+
+async def test_anthropic_prose_instead_of_the_tool_is_returned_as_text(
+    sim: SimulatedProvider,
+) -> None:
+    sim.inject("prose")
+    request, packed = packed_request()
+    completion = await AnthropicProvider(sim.anthropic_client()).complete(request)
+    assert split_reply(completion.text, packed.ids, str).values
+
+
+async def test_compatible_error_carries_the_body(sim: SimulatedProvider) -> None:
+    provider = make_provider(sim, "compatible")
+    request, _ = packed_request(max_output_tokens=0)
+    with pytest.raises(httpx.HTTPStatusError, match="max_tokens") as caught:
+        await provider.complete(request)
+    assert caught.value.response.status_code == 400
+    assert not provider.advise(caught.value).retry
+
+
+async def test_compatible_unstructured_sends_no_response_format(sim: SimulatedProvider) -> None:
+    client = httpx.AsyncClient(transport=_DroppingTransport(app=sim))
+    provider = OpenAICompatibleProvider("http://sim.test", structured=False, http_client=client)
+    request, packed = packed_request()
+    completion = await provider.complete(request)
+    await provider.aclose()  # not its client: still usable
+    assert not client.is_closed
+    await client.aclose()
+    assert not provider.structured
+    assert json.loads(completion.text)["results"]  # no schema: free-form outputs
+
+
+async def test_compatible_closes_the_client_it_made() -> None:
+    async with OpenAICompatibleProvider("http://localhost:1") as provider:
+        client = provider._client
+    assert client.is_closed
+    assert "localhost:1/v1/chat/completions" in repr(provider)
+
+
+# -- the callable provider -------------------------------------------------------------
+
+
+async def test_callable_provider_wraps_text_and_completions() -> None:
+    async def answer(request: CompletionRequest) -> str | Completion:
+        if request.user == "full":
+            return Completion("x", "length", Usage(1, 2))
+        return request.user.upper()
+
+    provider = CallableProvider(answer, structured=True)
+    deltas: list[str] = []
+    text = await provider.complete(CompletionRequest("m", "s", "hi", stream=True), deltas.append)
+    full = await provider.complete(CompletionRequest("m", "s", "full"))
+    assert (text.text, text.finish_reason, deltas) == ("HI", "stop", ["HI"])
+    assert full == Completion("x", "length", Usage(1, 2))
+    assert provider.structured
+    assert isinstance(provider, Provider)
+
+
+def test_callable_advice() -> None:
+    async def fn(request: CompletionRequest) -> str:
+        return ""
+
+    assert CallableProvider(fn).advise(ConnectionError()) == RetryAdvice(retry=False)
+    flaky = CallableProvider(fn, retry_on=(ConnectionError,))
+    assert flaky.advise(ConnectionResetError()).retry
+    assert not flaky.advise(ValueError()).retry
+
+
+# -- advice, from constructed exceptions -----------------------------------------------
+
+
+def _response2(status: int, headers: dict[str, str] | None = None) -> httpx2.Response:
+    request = httpx2.Request("POST", "https://api.test/v1/chat/completions")
+    return httpx2.Response(status, headers=headers or {}, request=request)
+
+
+def _sdk_status_error(module: Any, status: int, headers: dict[str, str] | None = None) -> Any:
+    response = _response2(status, headers)
+    client = module.AsyncOpenAI if module is openai else module.AsyncAnthropic
+    return client(api_key="x")._make_status_error(f"error {status}", body=None, response=response)
+
+
+ADVICE = [
+    (429, {"retry-after": "3"}, RetryAdvice(True, 3.0)),
+    (429, {"retry-after-ms": "1500", "retry-after": "2"}, RetryAdvice(True, 1.5)),
+    (429, {}, RetryAdvice(True, None)),
+    (500, {}, RetryAdvice(True)),
+    (503, {"retry-after": "7"}, RetryAdvice(True, 7.0)),
+    (529, {}, RetryAdvice(True)),
+    (408, {}, RetryAdvice(True)),
+    (409, {}, RetryAdvice(True)),
+    (400, {}, RetryAdvice(False)),
+    (401, {}, RetryAdvice(False)),
+    (404, {}, RetryAdvice(False)),
+    (422, {}, RetryAdvice(False)),
+    (400, {"x-should-retry": "true"}, RetryAdvice(True)),
+    (500, {"x-should-retry": "false"}, RetryAdvice(False)),
+]
+
+
+@pytest.mark.parametrize(("status", "headers", "advice"), ADVICE)
+@pytest.mark.parametrize("module", [openai, anthropic], ids=["openai", "anthropic"])
+def test_sdk_status_advice(
+    module: Any, status: int, headers: dict[str, str], advice: RetryAdvice
+) -> None:
+    error = _sdk_status_error(module, status, headers)
+    assert isinstance(error, module.APIStatusError)
+    provider: Any = (
+        OpenAIProvider(openai.AsyncOpenAI(api_key="x"))
+        if module is openai
+        else AnthropicProvider(anthropic.AsyncAnthropic(api_key="x"))
+    )
+    assert provider.advise(error) == advice
+
+
+@pytest.mark.parametrize("module", [openai, anthropic], ids=["openai", "anthropic"])
+def test_sdk_transport_and_other_advice(module: Any) -> None:
+    provider: Any = (
+        OpenAIProvider(openai.AsyncOpenAI(api_key="x"))
+        if module is openai
+        else AnthropicProvider(anthropic.AsyncAnthropic(api_key="x"))
+    )
+    request = httpx2.Request("POST", "https://api.test/")
+    assert provider.advise(module.APITimeoutError(request=request)) == RetryAdvice(True)
+    assert provider.advise(module.APIConnectionError(request=request)) == RetryAdvice(True)
+    invalid = module.APIResponseValidationError(response=_response2(200), body=None)
+    assert provider.advise(invalid) == RetryAdvice(False)
+    assert provider.advise(ValueError("bad")) == RetryAdvice(False)
+    assert provider.advise(httpx2.ConnectError("down")) == RetryAdvice(False)  # not ours
+
+
+@pytest.mark.parametrize(("status", "headers", "advice"), ADVICE)
+def test_compatible_status_advice(
+    status: int, headers: dict[str, str], advice: RetryAdvice
+) -> None:
+    request = httpx.Request("POST", "http://local/v1/chat/completions")
+    response = httpx.Response(status, headers=headers, request=request)
+    error = httpx.HTTPStatusError("x", request=request, response=response)
+    assert OpenAICompatibleProvider("http://local").advise(error) == advice
+
+
+def test_compatible_transport_advice() -> None:
+    provider = OpenAICompatibleProvider("http://local")
+    request = httpx.Request("POST", "http://local/")
+    for retryable in (
+        httpx.ReadTimeout("slow", request=request),
+        httpx.ConnectTimeout("slow", request=request),
+        httpx.ConnectError("refused", request=request),
+        httpx.RemoteProtocolError("dropped", request=request),
+        httpx.ReadError("reset", request=request),
+    ):
+        assert provider.advise(retryable) == RetryAdvice(True), retryable
+    for final in (httpx.UnsupportedProtocol("ftp", request=request), ValueError(), KeyError()):
+        assert provider.advise(final) == RetryAdvice(False), final
+
+
+@pytest.mark.parametrize(
+    ("headers", "seconds"),
+    [
+        ({"retry-after": "2"}, 2.0),
+        ({"Retry-After": "0.5"}, 0.5),
+        ({"retry-after-ms": "250"}, 0.25),
+        ({"retry-after-ms": "nope", "retry-after": "4"}, 4.0),
+        ({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}, None),
+        ({"retry-after": "-1"}, None),
+        ({"retry-after": "inf"}, None),
+        ({}, None),
+    ],
+)
+def test_retry_after(headers: dict[str, str], seconds: float | None) -> None:
+    assert retry_after(headers) == seconds
+
+
+def test_status_advice_ignores_retry_after_on_final_errors() -> None:
+    assert status_advice(400, {"retry-after": "3"}) == RetryAdvice(False, None)
+
+
+@pytest.mark.parametrize(
+    ("base", "url"),
+    [
+        ("http://h:8000", "http://h:8000/v1/chat/completions"),
+        ("http://h:8000/", "http://h:8000/v1/chat/completions"),
+        ("http://h:8000/v1", "http://h:8000/v1/chat/completions"),
+        ("http://h:8000/v1/", "http://h:8000/v1/chat/completions"),
+        ("https://h/api/openai/v2", "https://h/api/openai/v2/chat/completions"),
+        ("http://h/v1/chat/completions", "http://h/v1/chat/completions"),
+        ("http://h/ollama", "http://h/ollama/v1/chat/completions"),
+    ],
+)
+def test_chat_url(base: str, url: str) -> None:
+    assert chat_url(base) == url
+
+
+@pytest.mark.parametrize(
+    ("stop", "finish"),
+    [
+        ("end_turn", "stop"),
+        ("tool_use", "stop"),
+        ("stop_sequence", "stop"),
+        (None, "stop"),
+        ("max_tokens", "length"),
+        ("refusal", "refusal"),
+    ],
+)
+def test_anthropic_finish_reason(stop: str | None, finish: str) -> None:
+    assert finish_reason(stop) == finish
+
+
+# -- the package -----------------------------------------------------------------------
+
+
+def test_all_is_sorted_and_importable() -> None:
+    names = coalesce.providers.__all__
+    assert list(names) == sorted(set(names))
+    for name in names:
+        assert hasattr(coalesce.providers, name), name
+
+
+def test_importing_providers_imports_no_sdk() -> None:
+    code = (
+        "import sys, coalesce.providers, coalesce._retry; "
+        "print(sorted(m for m in ('openai', 'anthropic', 'httpx2') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+# -- over real HTTP --------------------------------------------------------------------
+
+
+class TestOverHTTP:
+    """One round trip per provider through uvicorn on 127.0.0.1, on the real clock."""
+
+    @pytest.fixture
+    def anyio_backend(self, real_time_backend: Any) -> Any:
+        return real_time_backend
+
+    @SDK_STREAMS
+    @pytest.mark.parametrize("stream", [False, True])
+    async def test_round_trip(self, kind: str, stream: bool) -> None:
+        sim = SimulatedProvider(time_scale=0.001)
+        async with sim.serve_async() as url:
+            provider = make_provider(sim, kind, url)
+            request, packed = packed_request(stream=stream)
+            deltas: list[str] = []
+            with anyio.fail_after(10):
+                completion = await provider.complete(request, deltas.append)
+            if isinstance(provider, OpenAICompatibleProvider):
+                await provider.aclose()
+        assert_round_trip(completion, packed)
+        assert completion.headers
+        if stream:
+            assert len(deltas) > 1
+            assert "".join(deltas) == completion.text
