@@ -166,10 +166,10 @@ async def test_bad_replies_never_give_a_caller_another_callers_answer(
 
 async def test_provider_errors_reach_every_caller_as_the_sdk_type(sim: SimulatedProvider) -> None:
     tag = make_tagger(sim.openai_client(max_retries=0), max_items=3)
-    sim.inject(*["server_error"] * 3)
+    sim.inject(*["server_error"] * 5)
     results = await call_all(tag, ["a", "b", "c"])
     assert all(isinstance(r, openai.InternalServerError) for r in results)
-    assert len(sim.requests) == 3  # bounded retries, none multiplied by the SDK's
+    assert len(sim.requests) == 5  # 1 + max_retries=4, none multiplied by the SDK's
 
 
 async def test_retries_recover_from_transient_errors(sim: SimulatedProvider) -> None:

@@ -35,7 +35,7 @@ from coalesce.providers import (
 )
 from coalesce.providers._anthropic import finish_reason
 from coalesce.providers._http import chat_url, retry_after, status_advice
-from coalesce.testing import SimulatedDisconnect, SimulatedProvider, expected_output
+from coalesce.testing import RateLimit, SimulatedDisconnect, SimulatedProvider, expected_output
 
 pytestmark = pytest.mark.anyio
 
@@ -69,6 +69,14 @@ def make_provider(sim: SimulatedProvider, kind: str, base_url: str | None = None
         return OpenAICompatibleProvider(base_url, "sk-test", timeout=5)
     client = httpx.AsyncClient(transport=_DroppingTransport(app=sim))
     return OpenAICompatibleProvider("http://sim.test/v1", "sk-test", http_client=client)
+
+
+async def close(provider: Any) -> None:
+    """Close the client under ``provider`` (the SDK copies share the caller's)."""
+    if isinstance(provider, OpenAICompatibleProvider):
+        await provider._client.aclose()
+    else:
+        await provider._client.close()
 
 
 def packed_request(
@@ -115,8 +123,7 @@ def kind(request: pytest.FixtureRequest) -> str:
 async def provider(sim: SimulatedProvider, kind: str) -> AsyncIterator[Any]:
     provider = make_provider(sim, kind)
     yield provider
-    if isinstance(provider, OpenAICompatibleProvider):
-        await provider._client.aclose()
+    await close(provider)
 
 
 # -- round trips in process ------------------------------------------------------------
@@ -153,20 +160,23 @@ async def test_output_cap_truncates(provider: Provider, stream: bool) -> None:
     assert completion.truncated
     assert completion.usage is not None
     assert completion.usage.output_tokens == 8
-    assert split_reply(completion.text, packed.ids, str).truncated
+    split = split_reply(completion.text, packed.ids, str, truncated=completion.truncated)
+    assert len(split.values) < len(packed.ids)
 
 
-async def test_headers_are_captured_lower_case(provider: Provider, kind: str) -> None:
+async def test_headers_are_captured_lower_case(kind: str) -> None:
+    sim = SimulatedProvider(rate_limits=RateLimit(requests_per_minute=100))
+    provider = make_provider(sim, kind)
     request, _ = packed_request()
     completion = await provider.complete(request)
+    await close(provider)
     assert all(name == name.lower() for name in completion.headers)
     assert completion.headers["content-type"].startswith("application/json")
-    rate = (
-        "anthropic-ratelimit-requests-limit"
-        if kind == "anthropic"
-        else "x-ratelimit-limit-requests"
+    prefix = "anthropic-ratelimit-requests" if kind == "anthropic" else "x-ratelimit"
+    assert (
+        completion.headers[f"{prefix}-remaining{'' if kind == 'anthropic' else '-requests'}"]
+        == "99"
     )
-    assert rate in completion.headers
 
 
 @SDK_STREAMS
@@ -180,8 +190,10 @@ async def test_plain_text_without_schema(provider: Provider, stream: bool) -> No
 
 async def test_options_pass_through_and_cap_is_sent(sim: SimulatedProvider, kind: str) -> None:
     provider = make_provider(sim, kind)
-    request, _ = packed_request(max_output_tokens=3, options={"temperature": 0})
+    options = {"metadata": {"user_id": "u1"}} if kind == "anthropic" else {"temperature": 0}
+    request, _ = packed_request(max_output_tokens=3, options=options)
     completion = await provider.complete(request)
+    await close(provider)
     assert completion.usage == Usage(completion.usage.input_tokens if completion.usage else 0, 3)
 
 
@@ -242,7 +254,7 @@ async def test_compatible_error_carries_the_body(sim: SimulatedProvider) -> None
 async def test_compatible_unstructured_sends_no_response_format(sim: SimulatedProvider) -> None:
     client = httpx.AsyncClient(transport=_DroppingTransport(app=sim))
     provider = OpenAICompatibleProvider("http://sim.test", structured=False, http_client=client)
-    request, packed = packed_request()
+    request, _ = packed_request()
     completion = await provider.complete(request)
     await provider.aclose()  # not its client: still usable
     assert not client.is_closed
@@ -466,8 +478,7 @@ class TestOverHTTP:
             deltas: list[str] = []
             with anyio.fail_after(10):
                 completion = await provider.complete(request, deltas.append)
-            if isinstance(provider, OpenAICompatibleProvider):
-                await provider.aclose()
+            await close(provider)
         assert_round_trip(completion, packed)
         assert completion.headers
         if stream:

@@ -44,7 +44,10 @@ Out = TypeVar("Out")
 #: single-call accuracy at 4-6 items). A 50 ms window bounds the added wait.
 DEFAULT_MAX_ITEMS = 8
 DEFAULT_MAX_WAIT = 0.05
-DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_MAX_ATTEMPTS = 4
+#: Retries of a request that failed as a whole (429, 5xx, timeouts, dropped
+#: connections), after the first attempt; never past the callers' budget.
+DEFAULT_MAX_RETRIES = 4
 
 
 @dataclass
@@ -71,6 +74,7 @@ class _Spec:
     output_schema: Mapping[str, Any]
     validate: Callable[[Any], Any]
     max_attempts: int
+    max_retries: int
     max_output_tokens: int | None
     stream: bool
     dedupe: bool
@@ -158,9 +162,22 @@ async def _ask(
         options=spec.options,
     )
     deadline = min(jobs[index].deadline for index in indexes)
-    completion = await complete_with_retries(
-        spec.provider, request, on_text=on_text if spec.stream else None, deadline=deadline
-    )
+    started = anyio.current_time()
+    try:
+        completion = await complete_with_retries(
+            spec.provider,
+            request,
+            on_text=on_text if spec.stream else None,
+            deadline=deadline,
+            max_attempts=spec.max_retries + 1,
+        )
+    except Exception:
+        if not streamed:
+            raise  # nobody was answered: every caller gets the provider's own error
+        # The reply broke mid-stream: keep what arrived, ask again for the rest.
+        completion = Completion(
+            text="", finish_reason="length", seconds=anyio.current_time() - started
+        )
     failures = _final_outcomes(spec, packed.ids, completion, splitter if streamed else None)
     return _settle_failures(spec, jobs, by_id, failures, resolve, completion, deadline)
 
@@ -289,6 +306,7 @@ def prompt(
     latency_budget: float | None = None,
     partition: Callable[..., Hashable] | None = None,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    max_retries: int = DEFAULT_MAX_RETRIES,
     max_output_tokens: int | None = None,
     stream: bool = True,
     dedupe: bool = False,
@@ -317,7 +335,10 @@ def prompt(fn: Any = None, /, **options: Any) -> Any:
             that would not fit are not attempted (default: no budget).
         partition: Called with the call's arguments; calls with different keys
             (tenants, users) never share a prompt.
-        max_attempts: Requests that may carry one item, re-asks included (default 3).
+        max_attempts: Requests that may carry one item, re-asks included (default 4).
+        max_retries: Retries of a request that failed as a whole (429 honouring
+            ``retry-after``, 5xx, timeouts, dropped connections), with backoff and
+            never past the callers' budget (default 4).
         max_output_tokens: Cap on each reply's tokens (default: the provider's).
         stream: Stream replies and resolve each caller as soon as its own output is
             complete (default True; providers that cannot stream ignore it).
@@ -373,6 +394,10 @@ def _decorate(fn: Any, *, options: dict[str, Any]) -> PromptFunction[Any, Any]:
         validate=adapter.validate_python,
         max_attempts=check_int("max_attempts", options.pop("max_attempts", DEFAULT_MAX_ATTEMPTS))
         or 1,
+        max_retries=check_int(
+            "max_retries", options.pop("max_retries", DEFAULT_MAX_RETRIES), minimum=0
+        )
+        or 0,
         max_output_tokens=check_int(
             "max_output_tokens", options.pop("max_output_tokens", None), optional=True
         ),

@@ -99,7 +99,10 @@ class AnthropicProvider:
         parsed = await raw.parse()  # a Message, or an AsyncStream of events
         if request.stream:
             async with parsed as stream:
-                return await _read_stream(stream, collector, headers)
+                try:
+                    return await _read_stream(stream, collector, headers)
+                except Exception as exc:
+                    raise _as_sdk_error(exc, raw.http_response.request) from exc
         return _completion(parsed, collector, headers, request.reply_schema is not None)
 
     def arguments(self, request: CompletionRequest) -> dict[str, Any]:
@@ -139,6 +142,24 @@ class AnthropicProvider:
 
     def __repr__(self) -> str:
         return f"<AnthropicProvider base_url={str(self._client.base_url)!r}>"
+
+
+def _as_sdk_error(error: Exception, request: Any) -> Exception:
+    """The SDK's own error for a transport error that escaped its stream.
+
+    The anthropic SDK wraps transport errors while sending, but lets them through
+    while a stream is read. Recognised by class name, so the transport (httpx or
+    httpx2, depending on the SDK's version) is never imported here.
+    """
+    import anthropic
+
+    names = {cls.__name__ for cls in type(error).__mro__}
+    root = type(error).__module__.split(".")[0]
+    if root not in ("httpx", "httpx2") or "RequestError" not in names:
+        return error
+    if "TimeoutException" in names:
+        return anthropic.APITimeoutError(request=request)
+    return anthropic.APIConnectionError(message=f"Connection error: {error}", request=request)
 
 
 def _completion(

@@ -1,0 +1,315 @@
+"""Retrying provider requests: the pure decisions, then real faults from the simulator.
+
+Faults run in process on virtual time (both backends), so waits are asserted exactly;
+the hang past an SDK timeout runs over real HTTP.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import anthropic
+import anyio
+import httpx
+import openai
+import pytest
+
+from coalesce import ConfigurationError
+from coalesce._retry import (
+    RetryEvent,
+    backoff_delay,
+    complete_with_retries,
+    next_wait,
+)
+from coalesce.providers import (
+    CallableProvider,
+    Completion,
+    CompletionRequest,
+    OpenAICompatibleProvider,
+    OpenAIProvider,
+    RetryAdvice,
+)
+from coalesce.testing import FaultPlan, SimulatedProvider, expected_output
+
+from test_providers import KINDS, SDK_STREAMS, close, make_provider
+
+pytestmark = pytest.mark.anyio
+
+REQUEST = CompletionRequest(model="m", system="Answer.", user="hello")
+CONNECTION_ERRORS = {
+    "openai": openai.APIConnectionError,
+    "anthropic": anthropic.APIConnectionError,
+    "compatible": httpx.TransportError,
+}
+STATUS_ERRORS = {
+    "openai": openai.APIStatusError,
+    "anthropic": anthropic.APIStatusError,
+    "compatible": httpx.HTTPStatusError,
+}
+
+
+def _status(error: BaseException) -> int:
+    if isinstance(error, httpx.HTTPStatusError):
+        return error.response.status_code
+    status: int = error.status_code  # type: ignore[attr-defined]
+    return status
+
+
+# -- pure decisions --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("attempt", "unit", "delay"),
+    [
+        (1, 0.0, 0.25),
+        (1, 0.999999, 0.5),
+        (2, 0.0, 0.5),
+        (3, 0.5, 1.5),
+        (5, 0.0, 4.0),
+        (9, 0.0, 4.0),
+    ],
+)
+def test_backoff_delay(attempt: int, unit: float, delay: float) -> None:
+    assert backoff_delay(attempt, unit) == pytest.approx(delay, abs=1e-5)
+
+
+def test_backoff_is_capped() -> None:
+    assert max(backoff_delay(n, 0.999999) for n in range(1, 40)) <= 8.0
+
+
+def test_next_wait() -> None:
+    retry = RetryAdvice(retry=True)
+    assert next_wait(1, RetryAdvice(retry=False), 0.0, 0.0, None) is None
+    assert next_wait(1, retry, 0.0, 10.0, None) == 0.25
+    assert next_wait(1, RetryAdvice(True, after=3.0), 0.0, 10.0, None) == 3.0
+    assert next_wait(1, RetryAdvice(True, after=3.0), 0.0, 10.0, 13.5) == 3.0
+    assert next_wait(1, RetryAdvice(True, after=3.0), 0.0, 10.0, 13.0) is None
+    assert next_wait(2, retry, 0.0, 10.0, 10.4) is None
+
+
+async def test_bad_arguments() -> None:
+    provider = CallableProvider(_echo)
+    with pytest.raises(ConfigurationError, match="max_attempts"):
+        await complete_with_retries(provider, REQUEST, max_attempts=0)
+    with pytest.raises(ConfigurationError, match="attempt_timeout"):
+        await complete_with_retries(provider, REQUEST, attempt_timeout=0)
+
+
+# -- against the simulator -------------------------------------------------------------
+
+
+@pytest.fixture
+def sim() -> SimulatedProvider:
+    return SimulatedProvider()
+
+
+@pytest.fixture(params=KINDS)
+async def provider(sim: SimulatedProvider, request: pytest.FixtureRequest) -> Any:
+    provider = make_provider(sim, str(request.param))
+    yield provider
+    await close(provider)
+
+
+@SDK_STREAMS
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("fault", "status"),
+    [("rate_limit", 429), ("server_error", 500), ("unavailable", 503), ("disconnect", 200)],
+)
+async def test_fault_is_retried(
+    sim: SimulatedProvider, provider: Any, fault: str, status: int, stream: bool
+) -> None:
+    sim.inject(fault)
+    events: list[RetryEvent] = []
+    request = CompletionRequest(model="m", system="Answer.", user="hello", stream=stream)
+    start = anyio.current_time()
+    completion = await complete_with_retries(
+        provider, request, on_retry=events.append, rng=random.Random(0)
+    )
+    assert completion.text == expected_output("hello")
+    assert [(r.status, r.faults) for r in sim.requests][0][1] == (fault,)
+    assert [r.status for r in sim.requests][1:] == [200]
+    (event,) = events
+    assert event.attempt == 1
+    if fault == "rate_limit":
+        assert event.wait == 1.0  # retry-after-ms from the 429
+        assert anyio.current_time() - start > 1.0
+    else:
+        assert 0.25 <= event.wait <= 0.5  # first backoff step
+    if fault != "disconnect":
+        assert _status(event.error) == status
+
+
+async def test_bad_request_is_not_retried(sim: SimulatedProvider, provider: Any) -> None:
+    kind = _kind(provider)
+    request = CompletionRequest(model="m", system="s", user="u", max_output_tokens=0)
+    with pytest.raises(STATUS_ERRORS[kind]) as caught:
+        await complete_with_retries(provider, request)
+    assert _status(caught.value) == 400
+    assert [r.status for r in sim.requests] == [400]
+
+
+async def test_attempts_are_bounded(sim: SimulatedProvider, provider: Any) -> None:
+    sim.inject(*["server_error"] * 5)
+    events: list[RetryEvent] = []
+    with pytest.raises(Exception) as caught:  # noqa: PT011 - each provider's own type
+        await complete_with_retries(provider, REQUEST, max_attempts=3, on_retry=events.append)
+    assert _status(caught.value) == 500
+    assert type(caught.value).__module__.split(".")[0] in ("openai", "anthropic", "httpx")
+    assert [r.status for r in sim.requests] == [500, 500, 500]
+    assert [e.attempt for e in events] == [1, 2]
+
+
+async def test_deadline_stops_retrying_and_reraises_the_sdk_error(sim: SimulatedProvider) -> None:
+    provider = OpenAIProvider(sim.openai_client(max_retries=2))
+    sim.inject("rate_limit", "rate_limit")
+    deadline = anyio.current_time() + 0.5  # retry-after is 1 s: no time for another try
+    with pytest.raises(openai.RateLimitError):
+        await complete_with_retries(provider, REQUEST, deadline=deadline)
+    assert [r.status for r in sim.requests] == [429]  # nor did the SDK retry
+
+
+async def test_deadline_allows_retries_that_fit(sim: SimulatedProvider) -> None:
+    provider = OpenAIProvider(sim.openai_client())
+    sim.inject("rate_limit")
+    deadline = anyio.current_time() + 30
+    completion = await complete_with_retries(provider, REQUEST, deadline=deadline)
+    assert completion.text == expected_output("hello")
+    assert [r.status for r in sim.requests] == [429, 200]
+
+
+async def test_deadline_cancels_a_running_attempt() -> None:
+    sim = SimulatedProvider(faults=FaultPlan(script=["hang"], hang_seconds=100))
+    provider = OpenAIProvider(sim.openai_client())
+    start = anyio.current_time()
+    with pytest.raises(TimeoutError, match="deadline"):
+        await complete_with_retries(provider, REQUEST, deadline=start + 5)
+    assert anyio.current_time() - start == pytest.approx(5)
+
+
+async def test_hang_is_cut_by_attempt_timeout_and_retried() -> None:
+    sim = SimulatedProvider(faults=FaultPlan(script=["hang"], hang_seconds=100))
+    provider = OpenAIProvider(sim.openai_client())
+    events: list[RetryEvent] = []
+    completion = await complete_with_retries(
+        provider, REQUEST, attempt_timeout=10, on_retry=events.append
+    )
+    assert completion.text == expected_output("hello")
+    assert isinstance(events[0].error, TimeoutError)
+    assert [r.faults for r in sim.requests] == [("hang",), ()]
+
+
+async def test_last_attempt_timeout_raises_timeout_error() -> None:
+    sim = SimulatedProvider(faults=FaultPlan(script=["hang", "hang"], hang_seconds=100))
+    provider = OpenAIProvider(sim.openai_client())
+    with pytest.raises(TimeoutError):
+        await complete_with_retries(provider, REQUEST, attempt_timeout=10, max_attempts=2)
+
+
+@SDK_STREAMS
+@pytest.mark.parametrize("kind", KINDS)
+async def test_partial_stream_is_not_retried(kind: str) -> None:
+    sim = SimulatedProvider(output_tokens=300)
+    provider = make_provider(sim, kind)
+    sim.inject("disconnect")
+    deltas: list[str] = []
+    request = CompletionRequest(model="m", system="s", user="hello", stream=True)
+    with pytest.raises(Exception) as caught:  # noqa: PT011 - each provider's own type
+        await complete_with_retries(provider, request, on_text=deltas.append)
+    await close(provider)
+    assert isinstance(caught.value, tuple(CONNECTION_ERRORS.values()))
+    assert deltas  # the caller saw part of the reply: a second one must not follow
+    assert len(sim.requests) == 1
+
+
+@SDK_STREAMS
+@pytest.mark.parametrize("kind", KINDS)
+async def test_stream_without_listener_is_retried(kind: str) -> None:
+    sim = SimulatedProvider(output_tokens=300)
+    provider = make_provider(sim, kind)
+    sim.inject("disconnect")
+    request = CompletionRequest(model="m", system="s", user="hello", stream=True)
+    completion = await complete_with_retries(provider, request)
+    await close(provider)
+    assert completion.text == sim.expected_output("hello")
+    assert len(sim.requests) == 2
+
+
+async def test_callable_retry_on() -> None:
+    calls: list[int] = []
+
+    async def flaky(request: CompletionRequest) -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionResetError("flaky")
+        return "ok"
+
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    provider = CallableProvider(flaky, retry_on=(ConnectionError,))
+    completion = await complete_with_retries(provider, REQUEST, rng=random.Random(1), sleep=sleep)
+    assert completion == Completion("ok", "stop", seconds=0.0)
+    assert len(calls) == 3
+    unit = random.Random(1)
+    assert slept == [backoff_delay(1, unit.random()), backoff_delay(2, unit.random())]
+
+
+async def test_callable_without_retry_on_fails_at_once() -> None:
+    calls: list[int] = []
+
+    async def broken(request: CompletionRequest) -> str:
+        calls.append(1)
+        raise ConnectionResetError("down")
+
+    with pytest.raises(ConnectionResetError):
+        await complete_with_retries(CallableProvider(broken), REQUEST)
+    assert len(calls) == 1
+
+
+def _kind(provider: Any) -> str:
+    if isinstance(provider, OpenAICompatibleProvider):
+        return "compatible"
+    return "openai" if isinstance(provider, OpenAIProvider) else "anthropic"
+
+
+async def _echo(request: CompletionRequest) -> str:
+    return request.user
+
+
+# -- over real HTTP: the SDK's own timeout -------------------------------------------------
+
+
+class TestOverHTTP:
+    @pytest.fixture
+    def anyio_backend(self, real_time_backend: Any) -> Any:
+        return real_time_backend
+
+    @pytest.mark.parametrize("kind", KINDS)
+    async def test_hang_past_the_client_timeout_is_retried(self, kind: str) -> None:
+        sim = SimulatedProvider(
+            time_scale=0.001, faults=FaultPlan(script=["hang"], hang_seconds=60_000)
+        )
+        async with sim.serve_async() as url:
+            if kind == "openai":
+                provider: Any = OpenAIProvider(sim.openai_client(url, timeout=0.3))
+            elif kind == "anthropic":
+                provider = make_provider(sim, kind, url)
+                provider._client = provider._client.with_options(timeout=0.3)
+            else:
+                provider = OpenAICompatibleProvider(url, timeout=0.3)
+            events: list[RetryEvent] = []
+            with anyio.fail_after(10):
+                completion = await complete_with_retries(
+                    provider, REQUEST, on_retry=events.append, sleep=_no_sleep
+                )
+            await close(provider)
+        assert completion.text == expected_output("hello")
+        assert type(events[0].error).__name__ in ("APITimeoutError", "ReadTimeout")
+
+
+async def _no_sleep(seconds: float) -> None:
+    await anyio.sleep(0)
