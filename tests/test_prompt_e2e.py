@@ -123,4 +123,3 @@ async def test_all_faults_mixed(sdk: str) -> None:
     correct, wrong, _errors = tally(sim, results)
     assert wrong == 0
     assert correct >= 0.99 * len(results)
-

@@ -42,9 +42,9 @@ REVIEWS = [
     "Terrible service, I want my money back.",
     "Absolutely fantastic, would buy again!",
     "The food was cold and tasteless.",
-    "It broke after two days. Awful.",
 ]
-SAMPLING: dict[str, Any] = {"model": "smollm2", "temperature": 0, "seed": 1234}
+MODEL = "smollm2"  # llama.cpp serves its one model whatever the name
+SEED = 1234
 
 
 class Label(str, enum.Enum):
@@ -123,11 +123,13 @@ async def test_schema_constrained_reply_gives_every_id_a_valid_output(
 ) -> None:
     request = pack_request(INSTRUCTIONS, REVIEWS, TypeAdapter(Verdict).json_schema())
     assert "$defs" in request.reply_schema
-    reply = await client.chat.completions.create(
-        messages=request.messages(),  # type: ignore[arg-type]
-        response_format=openai_response_format(request.reply_schema),  # type: ignore[arg-type]
+    reply = await client.chat.completions.create(  # type: ignore[call-overload]
+        messages=request.messages(),
+        response_format=openai_response_format(request.reply_schema),
         max_tokens=400,
-        **SAMPLING,
+        model=MODEL,
+        temperature=0,
+        seed=SEED,
     )
     choice = reply.choices[0]
     text = choice.message.content or ""
@@ -145,13 +147,15 @@ async def test_schema_constrained_reply_gives_every_id_a_valid_output(
 @SDK_STREAMS
 async def test_schema_constrained_reply_streams(client: openai.AsyncOpenAI) -> None:
     request = pack_request(INSTRUCTIONS, REVIEWS, LABEL_SCHEMA)
-    stream = await client.chat.completions.create(
-        messages=request.messages(),  # type: ignore[arg-type]
-        response_format=openai_response_format(request.reply_schema),  # type: ignore[arg-type]
+    stream = await client.chat.completions.create(  # type: ignore[call-overload]
+        messages=request.messages(),
+        response_format=openai_response_format(request.reply_schema),
         max_tokens=300,
         stream=True,
         stream_options={"include_usage": True},
-        **SAMPLING,
+        model=MODEL,
+        temperature=0,
+        seed=SEED,
     )
     text, finish, usage, chunks = "", None, None, 0
     async for chunk in stream:
@@ -172,11 +176,13 @@ async def test_schema_constrained_reply_streams(client: openai.AsyncOpenAI) -> N
 async def test_unconstrained_reply_splits_without_misattribution(
     client: openai.AsyncOpenAI,
 ) -> None:
-    request = pack_request(INSTRUCTIONS, REVIEWS[:4], LABEL_SCHEMA, structured=False)
+    request = pack_request(INSTRUCTIONS, REVIEWS, LABEL_SCHEMA, structured=False)
     reply = await client.chat.completions.create(
         messages=request.messages(),  # type: ignore[arg-type]
         max_tokens=96,
-        **SAMPLING,
+        model=MODEL,
+        temperature=0,
+        seed=SEED,
     )
     choice = reply.choices[0]
     text = choice.message.content or ""

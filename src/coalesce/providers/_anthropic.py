@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._packing import anthropic_tool
 from ._base import Completion, CompletionRequest, RetryAdvice, Usage
-from ._http import Collector, lower_headers, status_advice
+from ._http import Collector, lower_headers, status_advice, transport_error_kind
 
 if TYPE_CHECKING:
     import anthropic
@@ -102,7 +102,10 @@ class AnthropicProvider:
                 try:
                     return await _read_stream(stream, collector, headers)
                 except Exception as exc:
-                    raise _as_sdk_error(exc, raw.http_response.request) from exc
+                    sdk_error = _as_sdk_error(exc, raw.http_response.request)
+                    if sdk_error is exc:
+                        raise
+                    raise sdk_error from exc
         return _completion(parsed, collector, headers, request.reply_schema is not None)
 
     def arguments(self, request: CompletionRequest) -> dict[str, Any]:
@@ -145,21 +148,15 @@ class AnthropicProvider:
 
 
 def _as_sdk_error(error: Exception, request: Any) -> Exception:
-    """The SDK's own error for a transport error that escaped its stream.
-
-    The anthropic SDK wraps transport errors while sending, but lets them through
-    while a stream is read. Recognised by class name, so the transport (httpx or
-    httpx2, depending on the SDK's version) is never imported here.
-    """
+    """The SDK's own error for a transport error that escaped its stream."""
     import anthropic
 
-    names = {cls.__name__ for cls in type(error).__mro__}
-    root = type(error).__module__.split(".")[0]
-    if root not in ("httpx", "httpx2") or "RequestError" not in names:
-        return error
-    if "TimeoutException" in names:
+    kind = transport_error_kind(error)
+    if kind == "timeout":
         return anthropic.APITimeoutError(request=request)
-    return anthropic.APIConnectionError(message=f"Connection error: {error}", request=request)
+    if kind == "connection":
+        return anthropic.APIConnectionError(message=f"Connection error: {error}", request=request)
+    return error
 
 
 def _completion(

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
+from contextlib import aclosing
 from types import TracebackType
 from typing import Any
 
@@ -23,8 +24,10 @@ __all__ = [
     "OpenAICompatibleProvider",
     "chat_url",
     "lower_headers",
+    "read_chat_stream",
     "retry_after",
     "status_advice",
+    "transport_error_kind",
 ]
 
 _VERSIONED = re.compile(r"/v\d+$")
@@ -182,19 +185,24 @@ def openai_usage(data: Any) -> Usage | None:
     )
 
 
-async def sse_data(lines: AsyncIterator[str]) -> AsyncIterator[Any]:
-    """The JSON payloads of ``data:`` lines, until ``data: [DONE]`` or the end.
+async def sse_data(lines: AsyncIterator[str]) -> AsyncGenerator[Any, None]:
+    """The JSON payloads of ``data:`` lines, until ``data: [DONE]``.
+
+    The body is read to its end even after ``[DONE]``: stopping early would leave the
+    HTTP library's nested body iterators to the garbage collector, which trio reports
+    as a ``ResourceWarning``.
 
     Args:
         lines: The response's lines.
     """
+    done = False
     async for line in lines:
-        if not line.startswith("data:"):
-            continue  # event:, id:, comments and blank separators
+        if done or not line.startswith("data:"):
+            continue  # event:, id:, comments, blank separators, anything after [DONE]
         payload = line[5:].strip()
         if payload == "[DONE]":
-            return
-        if payload:
+            done = True
+        elif payload:
             yield json.loads(payload)
 
 
@@ -323,18 +331,63 @@ async def _read_body(response: httpx.Response, collector: Collector) -> Completi
 
 
 async def _read_stream(response: httpx.Response, collector: Collector) -> Completion:
+    headers = lower_headers(response.headers.items())
+    return await read_chat_stream(response.aiter_lines(), collector, headers, _stream_error)
+
+
+def _stream_error(error: Mapping[str, Any]) -> Exception:
+    return ValueError(f"the server reported an error mid-stream: {json.dumps(error)[:2000]}")
+
+
+async def read_chat_stream(
+    lines: AsyncIterator[str],
+    collector: Collector,
+    headers: dict[str, str],
+    error: Callable[[Mapping[str, Any]], Exception],
+) -> Completion:
+    """Read a streamed chat completion (server-sent events) to its end.
+
+    Args:
+        lines: The response body's lines.
+        collector: Receives the text deltas.
+        headers: The response headers, for the completion.
+        error: Makes the exception for an ``{"error": ...}`` event.
+
+    Raises:
+        Exception: ``error(...)`` for an error event.
+    """
     finish_reason = "stop"
     usage: Usage | None = None
-    async for chunk in sse_data(response.aiter_lines()):
-        usage = openai_usage(chunk.get("usage")) or usage
-        for choice in chunk.get("choices") or []:
-            collector.add((choice.get("delta") or {}).get("content"))
-            finish_reason = choice.get("finish_reason") or finish_reason
+    async with aclosing(sse_data(lines)) as events:
+        async for chunk in events:
+            if isinstance(chunk.get("error"), Mapping):
+                raise error(chunk["error"])
+            usage = openai_usage(chunk.get("usage")) or usage
+            for choice in chunk.get("choices") or []:
+                collector.add((choice.get("delta") or {}).get("content"))
+                finish_reason = choice.get("finish_reason") or finish_reason
     return Completion(
         text=collector.text,
         finish_reason=finish_reason,
         usage=usage,
         ttft=collector.ttft,
         seconds=collector.elapsed(),
-        headers=lower_headers(response.headers.items()),
+        headers=headers,
     )
+
+
+def transport_error_kind(error: BaseException) -> str | None:
+    """``"timeout"`` or ``"connection"`` for an httpx / httpx2 request error, else ``None``.
+
+    Recognised by class name, so neither transport is imported: the SDKs wrap these
+    while sending, but can let them through while a stream is read.
+
+    Args:
+        error: The exception.
+    """
+    names = {cls.__name__ for cls in type(error).__mro__}
+    if type(error).__module__.split(".")[0] not in ("httpx", "httpx2"):
+        return None
+    if "RequestError" not in names:
+        return None
+    return "timeout" if "TimeoutException" in names else "connection"

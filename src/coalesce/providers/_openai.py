@@ -5,17 +5,17 @@ The SDK is imported only when a provider is used, never by ``import coalesce``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._packing import openai_response_format
 from ._base import Completion, CompletionRequest, RetryAdvice, Usage
-from ._http import Collector, lower_headers, status_advice
+from ._http import Collector, lower_headers, read_chat_stream, status_advice, transport_error_kind
 
 if TYPE_CHECKING:
     import openai
     from openai.types import CompletionUsage
-    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+    from openai.types.chat import ChatCompletion
 
 __all__ = ["OpenAIProvider"]
 
@@ -62,8 +62,7 @@ class OpenAIProvider:
         raw = await create(**self.arguments(request))
         headers = lower_headers(raw.headers.items())
         if request.stream:
-            async with raw.parse() as stream:
-                return await _read_stream(stream, collector, headers)
+            return await _read_stream(raw.http_response, collector, headers)
         return _completion(raw.parse(), collector, headers)
 
     def arguments(self, request: CompletionRequest) -> dict[str, Any]:
@@ -134,21 +133,34 @@ def _completion(reply: ChatCompletion, collector: Collector, headers: dict[str, 
     )
 
 
-async def _read_stream(stream: Any, collector: Collector, headers: dict[str, str]) -> Completion:
-    finish_reason = "stop"
-    usage: Usage | None = None
-    chunk: ChatCompletionChunk
-    async for chunk in stream:
-        if chunk.usage is not None:
-            usage = _usage(chunk.usage)
-        for choice in chunk.choices:
-            collector.add(choice.delta.content)
-            finish_reason = choice.finish_reason or finish_reason
-    return Completion(
-        text=collector.text,
-        finish_reason=finish_reason,
-        usage=usage,
-        ttft=collector.ttft,
-        seconds=collector.elapsed(),
-        headers=headers,
-    )
+async def _read_stream(response: Any, collector: Collector, headers: dict[str, str]) -> Completion:
+    """Read the events from the response itself, not through the SDK's ``AsyncStream``.
+
+    The SDK's stream leaves an inner async generator unclosed at ``[DONE]``, which
+    trio reports as a ``ResourceWarning`` when it is collected.
+    """
+    import openai
+
+    try:
+        return await read_chat_stream(
+            response.aiter_lines(), collector, headers, _stream_error(response)
+        )
+    except Exception as exc:
+        kind = transport_error_kind(exc)
+        if kind is None:
+            raise
+        if kind == "timeout":
+            raise openai.APITimeoutError(request=response.request) from exc
+        raise openai.APIConnectionError(request=response.request) from exc
+    finally:
+        await response.aclose()
+
+
+def _stream_error(response: Any) -> Callable[[Mapping[str, Any]], Exception]:
+    def error(body: Mapping[str, Any]) -> Exception:
+        import openai
+
+        message = str(body.get("message") or body)
+        return openai.APIError(message, response.request, body=dict(body))
+
+    return error

@@ -220,6 +220,7 @@ class SimulatedTransport(httpx2.AsyncBaseTransport):
         try:
             start = await exchange.inbox.receive()
         except anyio.EndOfStream:
+            await exchange.aclose()
             return self._failed_response(exchange, request)
         except BaseException:
             await exchange.aclose()
