@@ -193,3 +193,40 @@ async def test_unconstrained_reply_splits_without_misattribution(
     for failure in split.failures.values():
         assert failure.kind in (allowed | {FailureKind.TRUNCATED} if cut else allowed)
     _assert_every_prefix_sound(text, request, _label)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_coalesce_prompt_end_to_end_on_a_real_model(llama_server: str, stream: bool) -> None:
+    """The whole path: concurrent calls, one packed request, each caller its own label."""
+    import anyio
+
+    import coalesce
+    from coalesce.providers import OpenAICompatibleProvider
+
+    async with OpenAICompatibleProvider(llama_server, api_key="x", timeout=90) as provider:
+
+        @coalesce.prompt(
+            client=provider,
+            model=MODEL,
+            max_items=len(REVIEWS),
+            max_wait=0.5,
+            stream=stream,
+            temperature=0,
+            seed=SEED,
+            max_output_tokens=40 * len(REVIEWS),
+        )
+        async def classify(review: str) -> Verdict:
+            """Classify the sentiment of the review as positive or negative."""
+
+        results: dict[str, Any] = {}
+
+        async def one(review: str) -> None:
+            results[review] = await classify(review)
+
+        async with anyio.create_task_group() as tg:
+            for review in REVIEWS:
+                tg.start_soon(one, review)
+        stats = classify.statistics()
+    assert set(results) == set(REVIEWS)
+    assert all(isinstance(verdict, Verdict) for verdict in results.values())
+    assert stats.batches == 1  # all four in one packed request

@@ -312,7 +312,25 @@ def prompt(
     dedupe: bool = False,
     **request_options: Any,
 ) -> Callable[[Callable[P, Awaitable[Out]]], PromptFunction[P, Out]]: ...
-def prompt(fn: Any = None, /, **options: Any) -> Any:
+def prompt(
+    fn: Any = None,
+    /,
+    *,
+    client: Any = None,
+    model: str | None = None,
+    instructions: str | None = None,
+    max_wait: float = DEFAULT_MAX_WAIT,
+    max_items: int = DEFAULT_MAX_ITEMS,
+    max_concurrency: int | None = None,
+    latency_budget: float | None = None,
+    partition: Callable[..., Hashable] | None = None,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    max_retries: int = DEFAULT_MAX_RETRIES,
+    max_output_tokens: int | None = None,
+    stream: bool = True,
+    dedupe: bool = False,
+    **request_options: Any,
+) -> Any:
     """Turn ``async def f(<item params>) -> Out`` into an LLM call that coalesces.
 
     The docstring (or ``instructions=``) is the shared instruction, sent once per
@@ -349,6 +367,22 @@ def prompt(fn: Any = None, /, **options: Any) -> Any:
         ConfigurationError: An option is out of range, the function is not ``async``,
             it has no instructions, or its return type cannot be validated.
     """
+    options = {
+        "client": client,
+        "model": model,
+        "instructions": instructions,
+        "max_wait": max_wait,
+        "max_items": max_items,
+        "max_concurrency": max_concurrency,
+        "latency_budget": latency_budget,
+        "partition": partition,
+        "max_attempts": max_attempts,
+        "max_retries": max_retries,
+        "max_output_tokens": max_output_tokens,
+        "stream": stream,
+        "dedupe": dedupe,
+        **request_options,
+    }
     if fn is None:
         return functools.partial(_decorate, options=options)
     return _decorate(fn, options=options)
@@ -358,14 +392,14 @@ def _decorate(fn: Any, *, options: dict[str, Any]) -> PromptFunction[Any, Any]:
     if not inspect.iscoroutinefunction(fn):
         raise ConfigurationError(f"@coalesce.prompt decorates an async def function, got {fn!r}")
     options = dict(options)
-    if "client" not in options or "model" not in options:
+    if options.get("client") is None or options.get("model") is None:
         raise ConfigurationError(
             f"@coalesce.prompt on {fn.__qualname__} needs client= (an AsyncOpenAI, AsyncAnthropic,"
             " Provider or async callable) and model= (the model name)"
         )
     client = options.pop("client")
     model = options.pop("model")
-    if not isinstance(model, str) or not model:
+    if not isinstance(model, str) or not model:  # (a non-string model is a user error)
         raise ConfigurationError(f"model must be a non-empty string, got {model!r}")
     instructions = options.pop("instructions", None) or inspect.getdoc(fn)
     if not instructions:
