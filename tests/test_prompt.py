@@ -274,7 +274,7 @@ def test_configuration_errors() -> None:
 
     with pytest.raises(ConfigurationError, match="needs client="):
 
-        @coalesce.prompt(model="m")  # type: ignore[call-overload]
+        @coalesce.prompt(client=None, model="m")
         async def a(x: str) -> str:
             """Doc."""
 

@@ -126,7 +126,9 @@ async def _ask(
     for index in indexes:
         key = jobs[index].key if spec.dedupe else str(index)
         slots.setdefault(key, []).append(index)
-    members = list(slots.values())
+    # Short inputs first: their answers are usually short too, so with streaming the
+    # split hands them back before the model writes the long ones.
+    members = sorted(slots.values(), key=lambda group: len(jobs[group[0]].key))
     packed = pack_request(
         spec.instructions,
         [jobs[group[0]].item for group in members],
@@ -292,9 +294,6 @@ class PromptFunction(Generic[P, Out]):
         return f"<PromptFunction {self._spec.name} model={self._spec.model!r}>"
 
 
-@typing.overload
-def prompt(fn: Callable[P, Awaitable[Out]], /) -> PromptFunction[P, Out]: ...
-@typing.overload
 def prompt(
     *,
     client: Any,
@@ -311,26 +310,7 @@ def prompt(
     stream: bool = True,
     dedupe: bool = False,
     **request_options: Any,
-) -> Callable[[Callable[P, Awaitable[Out]]], PromptFunction[P, Out]]: ...
-def prompt(
-    fn: Any = None,
-    /,
-    *,
-    client: Any = None,
-    model: str | None = None,
-    instructions: str | None = None,
-    max_wait: float = DEFAULT_MAX_WAIT,
-    max_items: int = DEFAULT_MAX_ITEMS,
-    max_concurrency: int | None = None,
-    latency_budget: float | None = None,
-    partition: Callable[..., Hashable] | None = None,
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-    max_retries: int = DEFAULT_MAX_RETRIES,
-    max_output_tokens: int | None = None,
-    stream: bool = True,
-    dedupe: bool = False,
-    **request_options: Any,
-) -> Any:
+) -> Callable[[Callable[P, Awaitable[Out]]], PromptFunction[P, Out]]:
     """Turn ``async def f(<item params>) -> Out`` into an LLM call that coalesces.
 
     The docstring (or ``instructions=``) is the shared instruction, sent once per
@@ -383,12 +363,12 @@ def prompt(
         "dedupe": dedupe,
         **request_options,
     }
-    if fn is None:
-        return functools.partial(_decorate, options=options)
-    return _decorate(fn, options=options)
+    return functools.partial(_decorate, options=options)
 
 
-def _decorate(fn: Any, *, options: dict[str, Any]) -> PromptFunction[Any, Any]:
+def _decorate(
+    fn: Callable[P, Awaitable[Out]], *, options: dict[str, Any]
+) -> PromptFunction[P, Out]:
     if not inspect.iscoroutinefunction(fn):
         raise ConfigurationError(f"@coalesce.prompt decorates an async def function, got {fn!r}")
     options = dict(options)
