@@ -107,7 +107,8 @@ async def test_max_items_dispatches_full_batches_without_waiting() -> None:
     assert [len(b) for b in recorder.batches] == [4, 4, 2]
     assert recorder.times == [start, start, start + 5.0]
     stats = batcher.statistics()
-    assert stats.batches_by_reason == {"full": 2, "size": 0, "window": 1, "close": 0}
+    assert {k: v for k, v in stats.batches_by_reason.items() if v} == {"full": 2, "window": 1}
+    assert set(stats.batches_by_reason) == {str(reason) for reason in coalesce.DispatchReason}
     assert stats.max_batch_size == 4
     assert stats.mean_batch_size == pytest.approx(10 / 3)
 
@@ -429,3 +430,35 @@ def test_bad_options_are_rejected_at_decoration_time(options: dict[str, Any], me
 def test_configuration_error_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="max_items"):
         coalesce.batch(max_items=0)
+
+
+class EarlyBatcher(Batcher[Any, Any]):
+    """A planner in miniature: a second item brings the window's deadline forward,
+    and an item named "huge" goes alone at once."""
+
+    _plans = True
+
+    def _plan_before(self, window: Any, item: Any, now: float) -> Any:
+        return coalesce.DispatchReason.SOLO if item == "huge" else None
+
+    def _plan_after(self, window: Any, now: float) -> Any:
+        if len(window.items) == 2:
+            window.due_at = window.opened_at + 0.1
+            window.due_reason = coalesce.DispatchReason.DEADLINE
+            self._reschedule(window.due_at)
+        return None
+
+
+async def test_planning_hooks_bring_the_timer_forward_and_send_solo_items() -> None:
+    recorder = Recorder()
+    batcher = EarlyBatcher(recorder, max_wait=1.0)
+    start = anyio.current_time()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(batcher, "a")
+        await anyio.sleep(0.05)
+        tg.start_soon(batcher, "huge")
+        tg.start_soon(batcher, "b")
+    batches = dict(zip(map(tuple, map(sorted, recorder.batches)), recorder.times))
+    assert batches == {("huge",): start + 0.05, ("a", "b"): pytest.approx(start + 0.1)}
+    reasons = batcher.statistics().batches_by_reason
+    assert (reasons["solo"], reasons["deadline"], reasons["window"]) == (1, 1, 0)

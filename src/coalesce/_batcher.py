@@ -47,11 +47,14 @@ DEFAULT_MAX_ITEMS = 64
 class _Window:
     """The items of one partition waiting to become a batch."""
 
-    __slots__ = ("arrivals", "items", "key", "opened_at", "size", "waiters")
+    __slots__ = ("arrivals", "due_at", "due_reason", "items", "key", "opened_at", "size", "waiters")
 
-    def __init__(self, key: Hashable, opened_at: float) -> None:
+    def __init__(self, key: Hashable, opened_at: float, due_at: float) -> None:
         self.key = key
         self.opened_at = opened_at
+        # When the timer dispatches it, and why (a planner may bring it forward).
+        self.due_at = due_at
+        self.due_reason = DispatchReason.WINDOW
         self.items: list[Any] = []
         self.waiters: list[Any] = []
         self.arrivals: list[float] = []
@@ -131,11 +134,12 @@ class Batcher(Generic[T, R]):
         self._loop: Any = None  # the bound asyncio loop, for the hot path's check
         self._clock: Callable[[], float] = _no_clock
         self._new_waiter: Callable[[], Any] = _no_clock
-        self._lean = size is None and max_pending is None
+        self._lean = size is None and max_pending is None and not self._plans
         self._windows: dict[Hashable, _Window] = {}
         self._ready: deque[_Window] = deque()
         self._in_flight = 0
         self._timer_on = False
+        self._timer_scope: anyio.CancelScope | None = None
         self._closed = False
         self._room: anyio.Event | None = None
         self._drained: anyio.Event | None = None
@@ -243,8 +247,16 @@ class Batcher(Generic[T, R]):
                 if reason is not None:
                     self._dispatch(window, reason)
                     window = None
+        if window is not None and self._plans:
+            reason = self._plan_before(window, item, now)
+            if reason is DispatchReason.SOLO:
+                return self._send_alone(item, now)
+            if reason is not None:
+                self._dispatch(window, reason)
+                window = None
         if window is None:
-            window = self._windows[key] = _Window(key, now)
+            window = _Window(key, now, now + self._limits.max_wait)
+            self._windows[key] = window
             if not self._timer_on:
                 self._timer_on = True
                 rt.spawn(self._timer)
@@ -252,15 +264,50 @@ class Batcher(Generic[T, R]):
         window.items.append(item)
         window.waiters.append(waiter)
         window.arrivals.append(now)
-        if self._size is None:
-            if len(window.items) >= self._max_items:  # after_add(), inlined: hot path
-                self._dispatch(window, DispatchReason.FULL)
-            return waiter
         window.size += weight
-        reason = after_add(len(window.items), window.size, self._limits)
+        if self._size is not None:
+            reason = after_add(len(window.items), window.size, self._limits)
+        elif len(window.items) >= self._max_items:
+            reason = DispatchReason.FULL
+        else:
+            reason = None
+        if reason is None and self._plans:
+            reason = self._plan_after(window, now)
         if reason is not None:
             self._dispatch(window, reason)
         return waiter
+
+    # -- planning hooks (used by subclasses that size groups against budgets) -----
+
+    #: Whether the hooks below are consulted (keeps the plain path lean).
+    _plans = False
+
+    def _plan_before(self, window: _Window, item: T, now: float) -> DispatchReason | None:
+        """Before ``item`` joins ``window``: dispatch the window first? ``SOLO``: the
+        item goes alone, at once."""
+        return None
+
+    def _plan_after(self, window: _Window, now: float) -> DispatchReason | None:
+        """After an item joined: dispatch now? May also bring ``window.due_at`` forward
+        (then call :meth:`_reschedule`)."""
+        return None
+
+    def _send_alone(self, item: T, now: float) -> Any:
+        rt = self._rt
+        assert rt is not None
+        window = _Window(_ALONE, now, now)
+        waiter = rt.new_waiter()
+        window.items.append(item)
+        window.waiters.append(waiter)
+        window.arrivals.append(now)
+        self._dispatch(window, DispatchReason.SOLO)
+        return waiter
+
+    def _reschedule(self, due: float) -> None:
+        """Wake the timer by ``due`` if it sleeps past it."""
+        scope = self._timer_scope
+        if scope is not None and due < scope.deadline:
+            scope.deadline = due
 
     def _on_cancel(self, waiter: Any) -> None:
         """A caller was cancelled: take its item out if it was not dispatched yet."""
@@ -320,7 +367,8 @@ class Batcher(Generic[T, R]):
 
     def _dispatch(self, window: _Window, reason: DispatchReason) -> None:
         """Close the window and run it now, or queue it behind ``max_concurrency``."""
-        del self._windows[window.key]
+        if self._windows.get(window.key) is window:
+            del self._windows[window.key]
         self._by_reason[reason] += 1
         if self._max_concurrency is not None and self._in_flight >= self._max_concurrency:
             self._ready.append(window)
@@ -415,26 +463,37 @@ class Batcher(Generic[T, R]):
             self._drained.set()
 
     async def _timer(self) -> None:
-        """Dispatch each window when its oldest item has waited ``max_wait``.
+        """Dispatch each window when it is due (``max_wait``, or a planner's deadline).
 
-        Windows sit in the dict in the order they opened and share one
-        ``max_wait``, so the first one always has the earliest deadline.
+        Without a planner, windows sit in the dict in the order they opened and share
+        one ``max_wait``, so the first one is always due first.
         """
         rt = self._rt
         assert rt is not None
         try:
             while self._windows:
-                window = next(iter(self._windows.values()))
-                deadline = window.opened_at + self._limits.max_wait
-                if rt.clock() < deadline:
-                    await anyio.sleep_until(deadline)
-                    # Trust the sleep rather than re-reading the clock: a coarse
-                    # clock may still read a hair before the deadline it woke for.
-                    if self._windows.get(window.key) is not window:
-                        continue  # dispatched meanwhile (full, size or close)
-                self._dispatch(window, DispatchReason.WINDOW)
+                window = self._next_due()
+                if rt.clock() < window.due_at:
+                    with anyio.CancelScope(deadline=window.due_at) as scope:
+                        self._timer_scope = scope
+                        await anyio.sleep_forever()
+                    self._timer_scope = None
+                    # Trust the sleep rather than re-reading the clock: a coarse clock
+                    # may still read a hair before the deadline it woke for.
+                    if not self._windows:
+                        break
+                    window = self._next_due()
+                    if window.due_at > scope.deadline:
+                        continue  # what was due went early (full, size or close)
+                self._dispatch(window, window.due_reason)
         finally:
             self._timer_on = False
+            self._timer_scope = None
+
+    def _next_due(self) -> _Window:
+        if self._plans:
+            return min(self._windows.values(), key=_due_at)
+        return next(iter(self._windows.values()))
 
     # -- lifecycle and introspection ------------------------------------------
 
@@ -493,7 +552,7 @@ class Batcher(Generic[T, R]):
         next_flush = ""
         if self._windows and self._rt is not None:
             window = next(iter(self._windows.values()))
-            delay = window.opened_at + self._limits.max_wait - self._rt.clock()
+            delay = self._next_due().due_at - self._rt.clock()
             next_flush = f", next flush in {max(delay, 0.0) * 1e3:.1f} ms"
         return (
             f"<Batcher {self._name} {state}: {self._pending} pending in"
@@ -571,6 +630,13 @@ def batch(fn: Any = None, /, **options: Any) -> Any:
         Batcher(_placeholder, **options)
         return _BatchDecorator(options)
     return _decorate(fn, options)
+
+
+_ALONE = object()  # the key of a one-item window that never joins the open windows
+
+
+def _due_at(window: _Window) -> float:
+    return window.due_at
 
 
 def _no_clock() -> Any:  # pragma: no cover - replaced when a loop is bound

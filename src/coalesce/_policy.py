@@ -25,6 +25,13 @@ class DispatchReason(str, enum.Enum):
     WINDOW = "window"
     #: ``aclose()`` flushed the window.
     CLOSE = "close"
+    #: Waiting longer (or adding the next item) would make the predicted finish of
+    #: the window's most urgent member miss its deadline (``latency_budget``).
+    DEADLINE = "deadline"
+    #: The item's own prediction already exceeded its budget: sent at once, alone.
+    SOLO = "solo"
+    #: The context window or the output-token limit of one request was reached.
+    TOKENS = "tokens"
 
     def __str__(self) -> str:
         return self.value

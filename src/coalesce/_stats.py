@@ -80,7 +80,8 @@ class BatcherStatistics(NamedTuple):
     #: Batches handed to the batch function.
     batches: int
     #: Batches by :class:`~coalesce.DispatchReason` value (``"full"``, ``"size"``,
-    #: ``"window"``, ``"close"``).
+    #: ``"window"``, ``"close"``, and for budget planning ``"deadline"``, ``"solo"``,
+    #: ``"tokens"``).
     batches_by_reason: Mapping[str, int]
     #: Mean items per dispatched batch (NaN before any).
     mean_batch_size: float

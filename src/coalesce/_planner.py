@@ -1,0 +1,606 @@
+"""Sizing groups of LLM calls against a latency budget. Pure: no clock, no I/O.
+
+Each call has a *deadline*, ``arrival + latency_budget``. The batcher keeps one open
+window per partition and asks these functions, with explicit state and ``now``:
+
+* :func:`admit`: before a new item joins, must the window go first (the group with it
+  would be predicted to finish after its most urgent member's deadline, or would break a
+  token limit), or must the new item go alone at once (its own prediction already
+  exceeds its budget)?
+* :func:`full_after_add`: after it joined, is the window full (items or tokens)?
+* :func:`due_at`: the latest time the window may wait so that every member still meets
+  its deadline (and no item waits longer than ``max_wait``); the timer sleeps until it.
+* :func:`streaming_order`: short expected answers first, so the streaming split hands
+  them back early.
+
+Predictions are a :data:`Predict` callable, ``(input_tokens, output_tokens) -> seconds``
+of one request (a p95), usually ``lambda i, o: model.predict(i, o).total`` over a
+:class:`~coalesce._latency.LatencyModel`.
+
+Rate limits: :func:`parse_rate_limit_headers` reads OpenAI's and Anthropic's headers
+into a :class:`RateLimitState`; :func:`binding_limit` says which quota runs out first
+at the current :class:`Pace`; :func:`pack_more` waits longer (within deadlines) when
+requests bind; :func:`allow_reask` refuses re-asks a deadline will not allow when tokens
+bind. :func:`best_group_size` and :func:`prompt_tokens_ratio` serve benchmarks.
+"""
+
+from __future__ import annotations
+
+import datetime
+import email.utils
+import enum
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal, NamedTuple, TypeAlias
+
+from coalesce._exceptions import ConfigurationError
+from coalesce._policy import DispatchReason
+
+__all__ = [
+    "Admission",
+    "Pace",
+    "PlanItem",
+    "PlanLimits",
+    "PlanReason",
+    "Predict",
+    "Quota",
+    "RateLimitState",
+    "admit",
+    "allow_reask",
+    "best_group_size",
+    "binding_limit",
+    "due_at",
+    "full_after_add",
+    "group_tokens",
+    "pack_more",
+    "parse_go_duration",
+    "parse_rate_limit_headers",
+    "prompt_tokens_ratio",
+    "streaming_order",
+]
+
+Predict = Callable[[int, int], float]
+"""``(input_tokens, output_tokens) -> predicted seconds`` (a p95) of one request."""
+
+Binding = Literal["requests", "tokens"]
+
+# A quota without a reset time is assumed to refill within a minute: provider limits
+# are per minute (RPM, TPM), so this is the longest it can take.
+DEFAULT_RESET_HORIZON = 60.0
+
+
+class PlanReason(str, enum.Enum):
+    """Dispatch reasons the planner adds to :class:`~coalesce._policy.DispatchReason`.
+
+    Same values as the members they become there, so they compare equal as strings.
+    """
+
+    #: The next item would have made the most urgent member miss its deadline.
+    DEADLINE = "deadline"
+    #: The item's own prediction already exceeds its budget: sent at once, alone.
+    SOLO = "solo"
+    #: The context window or the output-token limit was reached (or would be exceeded).
+    TOKENS = "tokens"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+Reason: TypeAlias = "DispatchReason | PlanReason"
+"""A dispatch reason: the batcher's own or one the planner adds."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlanItem:
+    """What the planner knows about one call.
+
+    Attributes:
+        input_tokens: Tokens of the item's input as packed (without the id wrapper).
+        output_tokens: Output tokens expected for the item (without the id wrapper).
+        deadline: Absolute time (same clock as ``now``) its answer is due;
+            ``math.inf`` for no budget.
+        arrival: When the call arrived (same clock).
+    """
+
+    input_tokens: int
+    output_tokens: int
+    deadline: float
+    arrival: float
+
+
+@dataclass(frozen=True, slots=True)
+class PlanLimits:
+    """The limits every group obeys.
+
+    Attributes:
+        max_items: Most items in one request.
+        max_wait: Longest an item waits in an open window, in seconds.
+        shared_tokens: Input tokens paid once per request: instructions and the
+            reply-format description.
+        context_window: The model's context (input plus output tokens), or ``None``.
+        max_output_tokens: Most output tokens one request may produce, or ``None``.
+        per_item_overhead_tokens: Tokens of the wrapper around each item, paid once on
+            each side: ``{"id": "7", "input": ...}`` in the prompt and
+            ``{"id": "7", "output": ...}`` in the reply, about 10 tokens each with
+            OpenAI's tokenizers (ids are short decimal strings).
+
+    Raises:
+        ConfigurationError: If a limit is out of range.
+    """
+
+    max_items: int = 64
+    max_wait: float = 0.05
+    shared_tokens: int = 0
+    context_window: int | None = None
+    max_output_tokens: int | None = None
+    per_item_overhead_tokens: int = 10
+
+    def __post_init__(self) -> None:
+        if self.max_items < 1:
+            raise ConfigurationError(f"max_items must be >= 1, got {self.max_items!r}")
+        if not self.max_wait >= 0:  # also rejects NaN
+            raise ConfigurationError(f"max_wait must be >= 0 seconds, got {self.max_wait!r}")
+        for name in ("shared_tokens", "per_item_overhead_tokens"):
+            if getattr(self, name) < 0:
+                raise ConfigurationError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        for name in ("context_window", "max_output_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigurationError(f"{name} must be >= 1 or None, got {value!r}")
+
+
+class Admission(NamedTuple):
+    """What to do when a new item arrives at an open window.
+
+    ``dispatch_first`` and ``solo`` are independent: a solo item leaves the window as it
+    is; otherwise the item joins the window (a fresh one if the old one was dispatched).
+    """
+
+    dispatch_first: Reason | None
+    """Dispatch the current window before the item joins, and why (``None``: don't)."""
+    solo: bool
+    """Send the new item at once, alone (reason :attr:`PlanReason.SOLO`); count it."""
+
+
+# -- groups ------------------------------------------------------------------------
+
+
+def group_tokens(items: Iterable[PlanItem], limits: PlanLimits) -> tuple[int, int]:
+    """Return the ``(input_tokens, output_tokens)`` of one request packing ``items``.
+
+    Args:
+        items: The members of the request.
+        limits: Gives the shared and per-item overhead tokens.
+    """
+    count = inputs = outputs = 0
+    for item in items:
+        count += 1
+        inputs += item.input_tokens
+        outputs += item.output_tokens
+    overhead = count * limits.per_item_overhead_tokens
+    return limits.shared_tokens + inputs + overhead, outputs + overhead
+
+
+def _over_tokens(tokens: tuple[int, int], limits: PlanLimits, *, reached: bool) -> bool:
+    """Whether a request of ``tokens`` exceeds (or, with ``reached``, meets) a limit."""
+    inputs, outputs = tokens
+    checks = (
+        (outputs, limits.max_output_tokens),
+        (inputs + outputs, limits.context_window),
+    )
+    return any(
+        limit is not None and (used >= limit if reached else used > limit) for used, limit in checks
+    )
+
+
+def _finish(items: Sequence[PlanItem], limits: PlanLimits, predict: Predict) -> float:
+    """Predicted duration of the request packing ``items``."""
+    return predict(*group_tokens(items, limits))
+
+
+def admit(
+    window: Sequence[PlanItem],
+    new: PlanItem,
+    limits: PlanLimits,
+    predict: Predict,
+    now: float,
+) -> Admission:
+    """Decide what happens to the window and to ``new`` before ``new`` joins.
+
+    ``new`` goes alone at once (``solo``) if even alone it is predicted to miss its
+    deadline: waiting for company could only make it later. Otherwise the non-empty
+    window is dispatched first if it is full, if adding ``new`` would break a token
+    limit (:attr:`PlanReason.TOKENS`), or if the group with ``new`` would be predicted
+    to finish after the earliest deadline among its members
+    (:attr:`PlanReason.DEADLINE`). An empty window always takes the item.
+
+    Args:
+        window: The items already in the open window.
+        new: The arriving item.
+        limits: The group limits.
+        predict: Predicted duration of one request.
+        now: The current time (same clock as deadlines).
+    """
+    if now + _finish((new,), limits, predict) > new.deadline:
+        return Admission(None, solo=True)
+    if not window:
+        return Admission(None, solo=False)
+    if len(window) >= limits.max_items:
+        return Admission(DispatchReason.FULL, solo=False)
+    group = [*window, new]
+    if _over_tokens(group_tokens(group, limits), limits, reached=False):
+        return Admission(PlanReason.TOKENS, solo=False)
+    if now + _finish(group, limits, predict) > min(item.deadline for item in group):
+        return Admission(PlanReason.DEADLINE, solo=False)
+    return Admission(None, solo=False)
+
+
+def full_after_add(window: Sequence[PlanItem], limits: PlanLimits) -> Reason | None:
+    """Must the window, now holding ``window``, be dispatched at once?
+
+    Yes when it holds ``max_items`` items (:attr:`DispatchReason.FULL`) or its request
+    reaches the context window or the output-token limit (:attr:`PlanReason.TOKENS`;
+    a single item over a limit travels alone).
+
+    Args:
+        window: The items in the window, the new one included.
+        limits: The group limits.
+    """
+    if len(window) >= limits.max_items:
+        return DispatchReason.FULL
+    if window and _over_tokens(group_tokens(window, limits), limits, reached=True):
+        return PlanReason.TOKENS
+    return None
+
+
+def due_at(window: Sequence[PlanItem], limits: PlanLimits, predict: Predict) -> float:
+    """Return the latest time the window may be dispatched.
+
+    ``min(opened + max_wait, min(deadlines) - predict(group))``, where ``opened`` is the
+    earliest arrival: later, either an item would have waited longer than ``max_wait``
+    or the group's request would be predicted to finish after some member's deadline.
+    The result may be in the past (dispatch at once); ``math.inf`` for an empty window.
+
+    Args:
+        window: The items in the window.
+        limits: The group limits.
+        predict: Predicted duration of one request.
+    """
+    if not window:
+        return math.inf
+    opened = min(item.arrival for item in window)
+    latest = min(item.deadline for item in window) - _finish(window, limits, predict)
+    return min(opened + limits.max_wait, latest)
+
+
+def streaming_order(items: Sequence[PlanItem]) -> list[int]:
+    """Return the indices of ``items``, shortest expected output first (stable).
+
+    The model writes the items in prompt order; with the streaming split, putting the
+    short answers first hands them back before the long ones are written.
+
+    Args:
+        items: The members of one request.
+    """
+    return sorted(range(len(items)), key=lambda index: items[index].output_tokens)
+
+
+# -- rate limits -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """One rate-limit quota as the provider last reported it.
+
+    Attributes:
+        remaining: Units (requests or tokens) left before the provider refuses.
+        reset_at: When the quota is full again, on the caller's clock (``now``'s), or
+            ``None`` if the provider did not say.
+        limit: The quota's size, if reported.
+    """
+
+    remaining: int
+    reset_at: float | None = None
+    limit: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimitState:
+    """The request and token quotas of one API key and model, ``None`` if unreported."""
+
+    requests: Quota | None = None
+    tokens: Quota | None = None
+
+
+class Pace(NamedTuple):
+    """The current sending pace of a client."""
+
+    request_rate: float
+    """Requests sent per second."""
+    tokens_per_request: float
+    """Tokens (input plus output) one request spends on average."""
+
+
+# Go writes microseconds with the micro sign (U+00B5) or, in older versions, Greek mu.
+_GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|h|m|s)")
+_GO_UNITS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,  # U+00B5
+    "μs": 1e-6,  # U+03BC
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+
+
+def parse_go_duration(text: str) -> float | None:
+    """Return the seconds of a Go duration (``"20ms"``, ``"1.5s"``, ``"6m0s"``), or ``None``.
+
+    A bare number counts as seconds (some OpenAI-compatible servers send one).
+
+    Args:
+        text: The header value.
+    """
+    text = text.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        if not text or _GO_PART.sub("", text):  # empty, or something besides parts
+            return None
+        seconds = sum(float(n) * _GO_UNITS[unit] for n, unit in _GO_PART.findall(text))
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def _rfc3339_seconds(text: str) -> float | None:
+    """Seconds since the epoch of an RFC 3339 timestamp (``Z`` or an offset), or None."""
+    try:
+        moment = datetime.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:  # RFC 3339 requires an offset; assume UTC if missing
+        moment = moment.replace(tzinfo=datetime.timezone.utc)
+    return moment.timestamp()
+
+
+def _http_date_seconds(text: str | None) -> float | None:
+    """Seconds since the epoch of an HTTP ``date`` header, or ``None``."""
+    if text is None:
+        return None
+    try:
+        return email.utils.parsedate_to_datetime(text).timestamp()
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
+def _int(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        value = int(float(text.strip()))
+    except (ValueError, OverflowError):
+        return None
+    return value if value >= 0 else None
+
+
+def _quota(
+    remaining: str | None, limit: str | None, reset_in: float | None, now: float
+) -> Quota | None:
+    """A quota from header values; ``None`` without a readable ``remaining``."""
+    count = _int(remaining)
+    if count is None:
+        return None
+    reset_at = None if reset_in is None else now + max(0.0, reset_in)
+    return Quota(count, reset_at, _int(limit))
+
+
+def parse_rate_limit_headers(
+    headers: Mapping[str, str], now: float, *, unix_now: float | None = None
+) -> RateLimitState:
+    """Read the rate-limit state from a response's headers; never raises.
+
+    OpenAI (and compatible servers) send ``x-ratelimit-{remaining,limit,reset}-{requests,
+    tokens}``, the reset as a Go duration (``"1s"``, ``"6m0s"``, ``"20ms"``). Anthropic
+    sends ``anthropic-ratelimit-{requests,tokens}-{remaining,limit,reset}``, the reset as
+    an RFC 3339 timestamp, converted with ``unix_now`` (the wall-clock time of the
+    response) or, without it, the response's ``date`` header. Unreadable values count as
+    missing.
+
+    Args:
+        headers: Response headers (names in any case).
+        now: The caller's current time; reset times are expressed on this clock.
+        unix_now: Seconds since the epoch when the response arrived, for Anthropic.
+    """
+    lower = {name.lower(): value for name, value in headers.items()}
+    if unix_now is None:
+        unix_now = _http_date_seconds(lower.get("date"))
+    quotas: dict[str, Quota | None] = {}
+    for kind in ("requests", "tokens"):
+        if f"x-ratelimit-remaining-{kind}" in lower:
+            reset = lower.get(f"x-ratelimit-reset-{kind}")
+            quotas[kind] = _quota(
+                lower[f"x-ratelimit-remaining-{kind}"],
+                lower.get(f"x-ratelimit-limit-{kind}"),
+                None if reset is None else parse_go_duration(reset),
+                now,
+            )
+        else:
+            prefix = f"anthropic-ratelimit-{kind}"
+            reset = lower.get(f"{prefix}-reset")
+            at = None if reset is None else _rfc3339_seconds(reset)
+            quotas[kind] = _quota(
+                lower.get(f"{prefix}-remaining"),
+                lower.get(f"{prefix}-limit"),
+                None if at is None or unix_now is None else at - unix_now,
+                now,
+            )
+    return RateLimitState(quotas["requests"], quotas["tokens"])
+
+
+def _horizon(quota: Quota, now: float) -> float:
+    """Seconds until ``quota`` is full again."""
+    if quota.reset_at is None:
+        return DEFAULT_RESET_HORIZON
+    return max(0.0, quota.reset_at - now)
+
+
+def _exhausted_in(quota: Quota | None, rate: float, now: float) -> float:
+    """Seconds until ``quota`` runs out at ``rate`` units/s; ``inf`` if it refills first."""
+    if quota is None or (quota.remaining > 0 and rate <= 0):
+        return math.inf
+    seconds = quota.remaining / rate if quota.remaining > 0 else 0.0
+    return seconds if seconds < _horizon(quota, now) else math.inf
+
+
+def binding_limit(state: RateLimitState, pace: Pace, now: float) -> Binding | None:
+    """Return which quota runs out first at ``pace``, or ``None`` if neither runs out.
+
+    A quota runs out if, at the current pace, its ``remaining`` is spent before its reset
+    (a quota without a reset time is assumed to reset within a minute). If both run out,
+    the earlier binds; on a tie, requests.
+
+    Args:
+        state: The last reported quotas.
+        pace: Requests per second and tokens per request now.
+        now: The current time, on the clock of ``state``'s reset times.
+    """
+    requests = _exhausted_in(state.requests, pace.request_rate, now)
+    tokens = _exhausted_in(state.tokens, pace.request_rate * pace.tokens_per_request, now)
+    if math.isinf(requests) and math.isinf(tokens):
+        return None
+    return "requests" if requests <= tokens else "tokens"
+
+
+def pack_more(state: RateLimitState, limits: PlanLimits, pace: Pace, now: float) -> PlanLimits:
+    """Return ``limits`` with a longer ``max_wait`` when the request quota binds.
+
+    The rule: with ``remaining`` requests left until the reset ``horizon`` seconds away,
+    requests must be spaced at least ``horizon / remaining`` apart (the whole horizon if
+    none is left), so a window may wait that long and gather what arrives meanwhile:
+    ``max_wait`` becomes ``max(max_wait, horizon / remaining)``. Budgets still hold,
+    because :func:`admit` and :func:`due_at` dispatch before any member's deadline
+    regardless of ``max_wait``. The spacing is per window; a client sending from several
+    partitions at once should divide ``remaining`` among them before calling this.
+
+    Args:
+        state: The last reported quotas.
+        limits: The configured limits.
+        pace: Requests per second and tokens per request now.
+        now: The current time.
+    """
+    quota = state.requests
+    if quota is None or binding_limit(state, pace, now) != "requests":
+        return limits
+    spacing = _horizon(quota, now) / max(quota.remaining, 1)
+    return replace(limits, max_wait=max(limits.max_wait, spacing))
+
+
+def allow_reask(
+    state: RateLimitState,
+    pace: Pace,
+    now: float,
+    *,
+    input_tokens: int,
+    output_tokens: int,
+    deadline: float,
+    predict: Predict,
+) -> bool:
+    """May a re-ask of this size be sent, given the token quota and the deadline?
+
+    Only when the token quota binds does this refuse anything: then a re-ask is allowed
+    only if it is predicted to finish by ``deadline``, starting now if the quota still
+    holds its tokens, or else at the quota's reset. Tokens spent on an answer that comes
+    too late are tokens the on-time requests lack.
+
+    Args:
+        state: The last reported quotas.
+        pace: Requests per second and tokens per request now.
+        now: The current time.
+        input_tokens: Input tokens of the re-ask request.
+        output_tokens: Output tokens it is expected to produce.
+        deadline: The earliest deadline among the items re-asked.
+        predict: Predicted duration of one request.
+    """
+    quota = state.tokens
+    if quota is None or binding_limit(state, pace, now) != "tokens":
+        return True
+    start = now
+    if quota.remaining < input_tokens + output_tokens:
+        start = now + _horizon(quota, now)
+    return start + predict(input_tokens, output_tokens) <= deadline
+
+
+# -- benchmarks --------------------------------------------------------------------
+
+
+def best_group_size(
+    *,
+    arrival_rate: float,
+    budget: float,
+    max_wait: float,
+    shared_tokens: int,
+    item_input_tokens: int,
+    item_output_tokens: int,
+    predict: Predict,
+    max_items: int = 64,
+    per_item_overhead_tokens: int = 10,
+) -> int:
+    """Return the largest group size whose first member meets ``budget``; at least 1.
+
+    A group of ``k`` items arriving at ``arrival_rate`` per second keeps its first
+    member waiting ``(k - 1) / arrival_rate`` for the group to fill; then the request
+    takes ``predict`` of its packed size. A group is never larger than what arrives
+    within ``max_wait`` (the window is dispatched then), nor than ``max_items``. If no
+    size meets the budget, 1: an item is sent alone rather than not at all.
+
+    Args:
+        arrival_rate: Items per second (``math.inf`` for a burst).
+        budget: Latency budget of each item, in seconds.
+        max_wait: Longest a window waits, in seconds.
+        shared_tokens: Input tokens paid once per request.
+        item_input_tokens: Input tokens of one item.
+        item_output_tokens: Expected output tokens of one item.
+        predict: Predicted duration of one request.
+        max_items: Most items per request.
+        per_item_overhead_tokens: See :class:`PlanLimits`.
+
+    Raises:
+        ConfigurationError: If ``arrival_rate`` is not positive or a limit is invalid.
+    """
+    if not arrival_rate > 0:
+        raise ConfigurationError(f"arrival_rate must be > 0, got {arrival_rate!r}")
+    limits = PlanLimits(max_items, max_wait, shared_tokens, None, None, per_item_overhead_tokens)
+    item = PlanItem(item_input_tokens, item_output_tokens, math.inf, 0.0)
+    arriving = math.inf if math.isinf(arrival_rate) else 1 + arrival_rate * max_wait
+    largest = int(min(limits.max_items, math.floor(arriving + 1e-9)))
+    for k in range(largest, 1, -1):
+        wait = (k - 1) / arrival_rate
+        if wait + _finish([item] * k, limits, predict) <= budget:
+            return k
+    return 1
+
+
+def prompt_tokens_ratio(k: int, shared: float, per_item: float) -> float:
+    """Return prompt tokens per item at group size ``k`` divided by those at size 1.
+
+    ``((shared + k * per_item) / k) / (shared + per_item)``: the saving from paying the
+    shared instructions once per request, to compare with a benchmark's measured ratio.
+
+    Args:
+        k: Group size, at least 1.
+        shared: Tokens paid once per request (instructions, reply format).
+        per_item: Tokens of one item as packed (input plus its wrapper).
+
+    Raises:
+        ConfigurationError: If ``k < 1`` or a one-item prompt would have no tokens.
+    """
+    if k < 1:
+        raise ConfigurationError(f"group size must be >= 1, got {k!r}")
+    if not (shared >= 0 and per_item >= 0 and shared + per_item > 0):
+        raise ConfigurationError(
+            f"shared and per_item must be >= 0 and not both 0, got {shared!r}, {per_item!r}"
+        )
+    return (shared / k + per_item) / (shared + per_item)

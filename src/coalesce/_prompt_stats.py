@@ -1,0 +1,568 @@
+"""Statistics of LLM calls: counters, quantiles, cost, an event hook and OpenTelemetry.
+
+One :class:`PromptRecorder` per decorated function (or wrapped client) is told what
+happened, with the times already measured: the recorder reads no clock and needs no
+event loop, so tests feed it hand-written numbers. It keeps counters and sliding
+windows for :meth:`PromptRecorder.snapshot`, passes each happening to the user's
+``on_event`` hook as a small frozen event, and records OpenTelemetry metrics when
+``opentelemetry-api`` is installed (imported lazily; a no-op otherwise).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+from ._pricing import Price, cost, price_for
+from ._stats import QuantileWindow
+from .providers import Usage
+
+__all__ = [
+    "CallEvent",
+    "DispatchEvent",
+    "Event",
+    "EventHook",
+    "PromptRecorder",
+    "PromptStatistics",
+    "RequestEvent",
+    "RetryEvent",
+    "UnmeetableEvent",
+]
+
+logger = logging.getLogger("coalesce")
+
+#: Calls (and requests) the latency, wait and TTFT quantiles are computed over.
+DEFAULT_WINDOW = 4096
+
+
+@dataclass(frozen=True)
+class CallEvent:
+    """One call of the function finished, with its own result or exception.
+
+    Attributes:
+        function: The decorated function's (or wrapped client's) name.
+        model: The model name.
+        latency: Seconds from the call to its result or exception.
+        wait: Seconds it waited for company before its first request was sent, if known.
+        budget: Its latency budget in seconds, or ``None`` without one.
+        ok: Whether it got a result (``False``: an exception).
+    """
+
+    function: str
+    model: str
+    latency: float
+    wait: float | None
+    budget: float | None
+    ok: bool
+
+    @property
+    def missed_budget(self) -> bool:
+        """Whether it finished after its budget ran out."""
+        return self.budget is not None and self.latency > self.budget
+
+
+@dataclass(frozen=True)
+class DispatchEvent:
+    """A group of calls left its window to become a request.
+
+    Attributes:
+        function: The decorated function's name.
+        model: The model name.
+        reason: Why (a :class:`~coalesce.DispatchReason` value: ``"full"``,
+            ``"size"``, ``"window"``, ``"close"``, or a planner's own reason).
+        items: Calls in the group.
+    """
+
+    function: str
+    model: str
+    reason: str
+    items: int
+
+
+@dataclass(frozen=True)
+class RequestEvent:
+    """One request to the provider finished (after its retries), or failed.
+
+    Attributes:
+        function: The decorated function's name.
+        model: The model name.
+        items: Items in the request's prompt.
+        usage: Tokens the provider reported, or ``None`` if it reported none.
+        ttft: Seconds to the first reply text when streamed, else ``None``.
+        seconds: Seconds from sending to the end of the reply (or the failure).
+        cost: Estimated dollars (NaN when the model has no price or no usage).
+        cost_one_per_item: Estimated dollars for the same items sent one per request
+            (0 for a re-ask, whose items were counted when first asked).
+        reask: Whether it asked again for items an earlier reply failed.
+        error: The exception that failed it, or ``None`` if a reply arrived.
+    """
+
+    function: str
+    model: str
+    items: int
+    usage: Usage | None
+    ttft: float | None
+    seconds: float | None
+    cost: float
+    cost_one_per_item: float
+    reask: bool = False
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class RetryEvent:
+    """A request failed as a whole and will be sent again.
+
+    Attributes:
+        function: The decorated function's name.
+        model: The model name.
+        attempt: The attempt that failed (1 for the first).
+        delay: Seconds until it is sent again.
+        error: What failed it.
+    """
+
+    function: str
+    model: str
+    attempt: int
+    delay: float
+    error: BaseException | None
+
+
+@dataclass(frozen=True)
+class UnmeetableEvent:
+    """A call's budget was shorter than the predicted latency of asking for it alone.
+
+    Attributes:
+        function: The decorated function's name.
+        model: The model name.
+        predicted: Predicted seconds for a request carrying only this item.
+        budget: The call's budget in seconds.
+    """
+
+    function: str
+    model: str
+    predicted: float
+    budget: float
+
+
+#: Anything passed to an ``on_event`` hook.
+Event = CallEvent | DispatchEvent | RequestEvent | RetryEvent | UnmeetableEvent
+#: An ``on_event`` hook: called synchronously; its exceptions are logged and ignored.
+EventHook = Callable[[Event], None]
+
+
+class PromptStatistics(NamedTuple):
+    """An immutable snapshot of an LLM function's statistics.
+
+    Times are in seconds; quantiles cover the most recent 4096 calls (or requests,
+    for the time to first token) and are NaN before any. Costs are estimates in US
+    dollars from the model's :class:`~coalesce.Price`, NaN when the model has no
+    price, and count only requests whose provider reported token usage.
+    """
+
+    #: Calls finished, with a result or an exception.
+    calls: int
+    #: Calls finished with an exception.
+    calls_failed: int
+    #: Median latency of a call, from the call to its result.
+    latency_p50: float
+    #: 95th percentile call latency.
+    latency_p95: float
+    #: 99th percentile call latency.
+    latency_p99: float
+    #: Fraction of calls with a budget that got their result within it (NaN if no
+    #: call had a budget).
+    within_budget: float
+    #: Calls, with a budget, that finished (result or exception) after it ran out.
+    budget_misses: int
+    #: Calls whose budget was already shorter than the predicted latency of asking
+    #: for them alone.
+    unmeetable_budgets: int
+    #: Median wait for company, from the call to its first request.
+    wait_p50: float
+    #: 95th percentile wait.
+    wait_p95: float
+    #: 99th percentile wait.
+    wait_p99: float
+    #: Median time to the first reply token of a streamed request.
+    ttft_p50: float
+    #: 95th percentile time to first token.
+    ttft_p95: float
+    #: Requests that got a reply (re-asks included, retries not counted twice).
+    requests: int
+    #: Requests that failed as a whole after their retries.
+    requests_failed: int
+    #: Mean items per request that got a reply (NaN before any).
+    items_per_request: float
+    #: Prompt tokens the provider reported, cached ones included.
+    input_tokens: int
+    #: Of those, tokens served from the provider's prompt cache.
+    cached_input_tokens: int
+    #: Reply tokens the provider reported.
+    output_tokens: int
+    #: Prompt tokens the same items would have used sent one per request (the shared
+    #: instructions paid once per item instead of once per request).
+    input_tokens_one_per_item: int
+    #: Estimated dollars spent.
+    estimated_cost: float
+    #: Estimated dollars the same items would have cost sent one per request.
+    estimated_cost_one_per_item: float
+    #: ``1 - estimated_cost / estimated_cost_one_per_item`` (NaN if either is unknown
+    #: or zero); re-asks count against it.
+    savings: float
+    #: Groups dispatched, by reason (``"full"``, ``"window"``, ...).
+    dispatch_reasons: Mapping[str, int]
+    #: Requests sent again after failing as a whole (429, 5xx, timeouts...).
+    retries: int
+    #: Items asked again after a reply missed or garbled their output.
+    reasks: int
+    #: Exceptions raised by the ``on_event`` hook (logged, then ignored).
+    hook_errors: int
+
+
+class PromptRecorder:
+    """Collects the statistics of one LLM function; see :class:`PromptStatistics`.
+
+    Every method is synchronous and cheap; times are measured by the caller.
+
+    Args:
+        function: The decorated function's (or wrapped client's) name.
+        model: The model name, for the price and the metric attributes.
+        prices: A :class:`~coalesce.Price` for ``model``, or a table of prices
+            consulted before :data:`~coalesce.DEFAULT_PRICES` (see
+            :func:`~coalesce.price_for`).
+        on_event: Called synchronously with each event; an exception it raises is
+            logged on the ``"coalesce"`` logger and otherwise ignored.
+        window: How many recent calls the quantiles cover.
+        meter_provider: OpenTelemetry ``MeterProvider`` to record metrics with
+            (default: the global one, if ``opentelemetry-api`` is installed).
+        telemetry: Set ``False`` to record no OpenTelemetry metrics.
+    """
+
+    def __init__(
+        self,
+        function: str,
+        model: str,
+        *,
+        prices: Price | Mapping[str, Price] | None = None,
+        on_event: EventHook | None = None,
+        window: int = DEFAULT_WINDOW,
+        meter_provider: Any = None,
+        telemetry: bool = True,
+    ) -> None:
+        self.function = function
+        self.model = model
+        self.price = prices if isinstance(prices, Price) else price_for(model, prices)
+        self._on_event = on_event
+        self._otel = _Telemetry.create(function, model, meter_provider) if telemetry else None
+        self._latency = QuantileWindow(window)
+        self._wait = QuantileWindow(window)
+        self._ttft = QuantileWindow(window)
+        self._reasons: Counter[str] = Counter()
+        self._calls = self._calls_failed = self._budgeted = self._within = self._misses = 0
+        self._unmeetable = self._requests = self._requests_failed = self._items = 0
+        self._input = self._cached = self._output = self._input_solo = 0
+        self._cost = self._cost_solo = 0.0
+        self._retries = self._reasks = self._hook_errors = 0
+
+    def call_finished(
+        self, latency: float, *, wait: float | None = None, budget: float | None = None, ok: bool
+    ) -> None:
+        """Record one finished call.
+
+        Args:
+            latency: Seconds from the call to its result or exception.
+            wait: Seconds it waited before its first request was sent, if known.
+            budget: Its latency budget, or ``None``.
+            ok: Whether it got a result.
+        """
+        self._calls += 1
+        self._calls_failed += not ok
+        self._latency.extend((latency,))
+        if wait is not None:
+            self._wait.extend((wait,))
+        if budget is not None:
+            self._budgeted += 1
+            self._within += ok and latency <= budget
+            self._misses += latency > budget
+        if self._otel is not None:
+            self._otel.call(latency, wait, ok, missed=budget is not None and latency > budget)
+        if self._on_event is not None:
+            self._emit(CallEvent(self.function, self.model, latency, wait, budget, ok))
+
+    def dispatched(self, reason: str, items: int) -> None:
+        """Record a group of ``items`` calls dispatched for ``reason``."""
+        reason = str(reason)
+        self._reasons[reason] += 1
+        if self._otel is not None:
+            self._otel.dispatched(reason)
+        if self._on_event is not None:
+            self._emit(DispatchEvent(self.function, self.model, reason, items))
+
+    def request_finished(
+        self,
+        items: int,
+        usage: Usage | None,
+        *,
+        shared_input_tokens: int,
+        ttft: float | None = None,
+        seconds: float | None = None,
+        reask: bool = False,
+    ) -> None:
+        """Record one request that got a reply.
+
+        Args:
+            items: Items in its prompt.
+            usage: Tokens the provider reported, or ``None``.
+            shared_input_tokens: Prompt tokens sent once per request whatever its
+                items (the instructions and the packing frame, an estimate): one
+                request per item would have paid them ``items`` times.
+            ttft: Seconds to the first reply text, when streamed.
+            seconds: Seconds from sending to the end of the reply.
+            reask: Whether it asked again for items an earlier reply failed.
+        """
+        self._requests += 1
+        self._items += items
+        self._reasks += items if reask else 0
+        if ttft is not None:
+            self._ttft.extend((ttft,))
+        spent, solo = self._add_usage(items, usage, shared_input_tokens, reask)
+        if self._otel is not None:
+            self._otel.request(items, usage, ttft, seconds, spent, solo, reask)
+        if self._on_event is not None:
+            event = RequestEvent(
+                self.function, self.model, items, usage, ttft, seconds, spent, solo, reask
+            )
+            self._emit(event)
+
+    def request_failed(
+        self, items: int, error: BaseException, *, seconds: float | None = None, reask: bool = False
+    ) -> None:
+        """Record one request that failed as a whole, after its retries.
+
+        Args:
+            items: Items in its prompt.
+            error: What failed it.
+            seconds: Seconds from sending to the failure.
+            reask: Whether it asked again for items an earlier reply failed.
+        """
+        self._requests_failed += 1
+        self._reasks += items if reask else 0
+        if self._otel is not None:
+            self._otel.request_failed(reask)
+        if self._on_event is not None:
+            event = RequestEvent(
+                self.function, self.model, items, None, None, seconds, math.nan, 0.0, reask, error
+            )
+            self._emit(event)
+
+    def retried(self, attempt: int, delay: float, error: BaseException | None = None) -> None:
+        """Record that attempt ``attempt`` of a request failed and will be resent after ``delay``."""
+        self._retries += 1
+        if self._otel is not None:
+            self._otel.retried()
+        if self._on_event is not None:
+            self._emit(RetryEvent(self.function, self.model, attempt, delay, error))
+
+    def unmeetable(self, predicted: float, budget: float) -> None:
+        """Record a call whose budget is shorter than its predicted solo latency."""
+        self._unmeetable += 1
+        if self._otel is not None:
+            self._otel.unmeetable()
+        if self._on_event is not None:
+            self._emit(UnmeetableEvent(self.function, self.model, predicted, budget))
+
+    def snapshot(self) -> PromptStatistics:
+        """The statistics so far, as an immutable :class:`PromptStatistics`."""
+        latency = self._latency.quantiles(0.5, 0.95, 0.99)
+        wait = self._wait.quantiles(0.5, 0.95, 0.99)
+        ttft = self._ttft.quantiles(0.5, 0.95)
+        known = self.price is not None
+        spent = self._cost if known else math.nan
+        solo = self._cost_solo if known else math.nan
+        return PromptStatistics(
+            calls=self._calls,
+            calls_failed=self._calls_failed,
+            latency_p50=latency[0],
+            latency_p95=latency[1],
+            latency_p99=latency[2],
+            within_budget=self._within / self._budgeted if self._budgeted else math.nan,
+            budget_misses=self._misses,
+            unmeetable_budgets=self._unmeetable,
+            wait_p50=wait[0],
+            wait_p95=wait[1],
+            wait_p99=wait[2],
+            ttft_p50=ttft[0],
+            ttft_p95=ttft[1],
+            requests=self._requests,
+            requests_failed=self._requests_failed,
+            items_per_request=self._items / self._requests if self._requests else math.nan,
+            input_tokens=self._input,
+            cached_input_tokens=self._cached,
+            output_tokens=self._output,
+            input_tokens_one_per_item=self._input_solo,
+            estimated_cost=spent,
+            estimated_cost_one_per_item=solo,
+            savings=1.0 - spent / solo if solo > 0 else math.nan,
+            dispatch_reasons=MappingProxyType(dict(self._reasons)),
+            retries=self._retries,
+            reasks=self._reasks,
+            hook_errors=self._hook_errors,
+        )
+
+    def _add_usage(
+        self, items: int, usage: Usage | None, shared: int, reask: bool
+    ) -> tuple[float, float]:
+        """Add one reply's tokens and costs; return its cost and its one-per-item cost."""
+        if usage is None:
+            return math.nan, math.nan
+        # A re-ask's items were counted when first asked: one request per item would
+        # not have needed it, so it adds to the cost and not to the comparison.
+        solo_input = 0 if reask else usage.input_tokens + (items - 1) * max(shared, 0)
+        solo_output = 0 if reask else usage.output_tokens
+        self._input += usage.input_tokens
+        self._cached += usage.cached_input_tokens
+        self._output += usage.output_tokens
+        self._input_solo += solo_input
+        if self.price is None:
+            return math.nan, math.nan
+        cached = usage.cached_input_tokens
+        spent = cost(
+            usage.input_tokens, usage.output_tokens, self.price, cached_input_tokens=cached
+        )
+        solo = cost(solo_input, solo_output, self.price, cached_input_tokens=cached)
+        self._cost += spent
+        self._cost_solo += solo
+        return spent, solo
+
+    def _emit(self, event: Event) -> None:
+        assert self._on_event is not None
+        try:
+            self._on_event(event)
+        except Exception:
+            # A broken hook must not break the calls it watches.
+            self._hook_errors += 1
+            first = self._hook_errors == 1
+            logger.log(
+                logging.ERROR if first else logging.DEBUG,
+                "the on_event hook of %s raised on %s; ignored%s",
+                self.function,
+                type(event).__name__,
+                " (further hook errors are logged at DEBUG)" if first else "",
+                exc_info=True,
+            )
+
+    def __repr__(self) -> str:
+        return (
+            f"<PromptRecorder {self.function} model={self.model!r} calls={self._calls}"
+            f" requests={self._requests}>"
+        )
+
+
+class _Telemetry:
+    """OpenTelemetry instruments for one recorder (shared per meter), and its attributes."""
+
+    def __init__(self, instruments: Mapping[str, Any], function: str, model: str) -> None:
+        self._i = instruments
+        self._attrs = {"coalesce.function": function, "gen_ai.request.model": model}
+        self._ok = {**self._attrs, "coalesce.outcome": "ok"}
+        self._error = {**self._attrs, "coalesce.outcome": "error"}
+        self._input = {**self._attrs, "gen_ai.token.type": "input"}
+        self._output = {**self._attrs, "gen_ai.token.type": "output"}
+        self._reask = {**self._attrs, "coalesce.reask": True}
+        self._first = {**self._attrs, "coalesce.reask": False}
+
+    @classmethod
+    def create(cls, function: str, model: str, meter_provider: Any) -> _Telemetry | None:
+        """Instruments from ``meter_provider`` (or the global one); ``None`` without OTel."""
+        try:
+            metrics: Any = importlib.import_module("opentelemetry.metrics")
+        except ImportError:
+            return None
+        provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
+        return cls(_instruments(provider), function, model)
+
+    def call(self, latency: float, wait: float | None, ok: bool, *, missed: bool) -> None:
+        self._i["call.duration"].record(latency, self._ok if ok else self._error)
+        if wait is not None:
+            self._i["call.wait"].record(wait, self._attrs)
+        if missed:
+            self._i["budget.misses"].add(1, self._attrs)
+
+    def dispatched(self, reason: str) -> None:
+        self._i["dispatches"].add(1, {**self._attrs, "coalesce.dispatch.reason": reason})
+
+    def request(
+        self,
+        items: int,
+        usage: Usage | None,
+        ttft: float | None,
+        seconds: float | None,
+        spent: float,
+        solo: float,
+        reask: bool,
+    ) -> None:
+        attrs = self._reask if reask else self._first
+        self._i["request.items"].record(items, attrs)
+        if seconds is not None:
+            self._i["request.duration"].record(seconds, attrs)
+        if ttft is not None:
+            self._i["request.ttft"].record(ttft, attrs)
+        if usage is not None:
+            self._i["tokens"].add(usage.input_tokens, self._input)
+            self._i["tokens"].add(usage.output_tokens, self._output)
+        if not math.isnan(spent):
+            self._i["cost"].add(spent, self._attrs)
+            self._i["cost.one_per_item"].add(solo, self._attrs)
+        if reask:
+            self._i["reasks"].add(items, self._attrs)
+
+    def request_failed(self, reask: bool) -> None:
+        self._i["request.failures"].add(1, self._reask if reask else self._first)
+
+    def retried(self) -> None:
+        self._i["retries"].add(1, self._attrs)
+
+    def unmeetable(self) -> None:
+        self._i["budget.unmeetable"].add(1, self._attrs)
+
+
+# Instruments by meter provider: creating the same instrument twice on one meter
+# makes the SDK log a warning, and there is one recorder per decorated function.
+_INSTRUMENTS: dict[int, tuple[Any, Mapping[str, Any]]] = {}
+
+
+def _instruments(provider: Any) -> Mapping[str, Any]:
+    cached = _INSTRUMENTS.get(id(provider))
+    if cached is not None and cached[0] is provider:
+        return cached[1]
+    meter = provider.get_meter("coalesce")
+    h, c = meter.create_histogram, meter.create_counter
+    instruments = {
+        "call.duration": h("coalesce.call.duration", "s", "Latency of a call, end to end"),
+        "call.wait": h("coalesce.call.wait", "s", "Wait for company before the first request"),
+        "request.duration": h("coalesce.request.duration", "s", "Duration of a request"),
+        "request.ttft": h("coalesce.request.ttft", "s", "Time to the first reply token"),
+        "request.items": h("coalesce.request.items", "{item}", "Items per request"),
+        "request.failures": c("coalesce.request.failures", "{request}", "Requests failed"),
+        "tokens": c("coalesce.tokens", "{token}", "Tokens reported by the provider"),
+        "cost": c("coalesce.cost", "USD", "Estimated cost"),
+        "cost.one_per_item": c(
+            "coalesce.cost.one_per_item", "USD", "Estimated cost of one request per item"
+        ),
+        "dispatches": c("coalesce.dispatches", "{request}", "Groups dispatched, by reason"),
+        "budget.misses": c("coalesce.budget.misses", "{call}", "Calls finished after budget"),
+        "budget.unmeetable": c(
+            "coalesce.budget.unmeetable", "{call}", "Calls whose budget could not be met alone"
+        ),
+        "retries": c("coalesce.retries", "{request}", "Requests sent again"),
+        "reasks": c("coalesce.reasks", "{item}", "Items asked again"),
+    }
+    _INSTRUMENTS[id(provider)] = (provider, instruments)
+    return instruments

@@ -1,0 +1,475 @@
+"""The planner: pure group sizing against latency budgets, rate-limit decisions.
+
+Hand-built items, limits and quotas; no event loop, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from coalesce._exceptions import ConfigurationError
+from coalesce._latency import LatencyModel, LatencyPrior
+from coalesce._planner import (
+    Admission,
+    Pace,
+    PlanItem,
+    PlanLimits,
+    PlanReason,
+    Quota,
+    RateLimitState,
+    admit,
+    allow_reask,
+    best_group_size,
+    binding_limit,
+    due_at,
+    full_after_add,
+    group_tokens,
+    pack_more,
+    parse_go_duration,
+    parse_rate_limit_headers,
+    prompt_tokens_ratio,
+    streaming_order,
+)
+from coalesce._policy import DispatchReason
+from coalesce.testing._ratelimit import Quota as SimQuota
+from coalesce.testing._ratelimit import RateDecision, anthropic_headers, go_duration
+
+
+def linear(overhead: float = 0.5, prefill: float = 1e-4, decode: float = 0.02):  # type: ignore[no-untyped-def]
+    """A predictor like the default prior (no margin): easy numbers by hand."""
+    return lambda i, o: overhead + prefill * i + decode * o
+
+
+PREDICT = linear()
+LIMITS = PlanLimits(max_items=8, max_wait=1.0, shared_tokens=100, per_item_overhead_tokens=10)
+
+
+def item(
+    inp: int = 50, out: int = 40, deadline: float = math.inf, arrival: float = 0.0
+) -> PlanItem:
+    return PlanItem(inp, out, deadline, arrival)
+
+
+# -- limits and tokens ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"max_items": 0},
+        {"max_wait": -1.0},
+        {"max_wait": math.nan},
+        {"shared_tokens": -1},
+        {"per_item_overhead_tokens": -1},
+        {"context_window": 0},
+        {"max_output_tokens": 0},
+    ],
+)
+def test_invalid_limits_are_refused(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ConfigurationError):
+        PlanLimits(**kwargs)  # type: ignore[arg-type]
+
+
+def test_group_tokens_pay_shared_once_and_the_wrapper_per_item_on_both_sides() -> None:
+    assert group_tokens([], LIMITS) == (100, 0)
+    assert group_tokens([item(50, 40), item(30, 5)], LIMITS) == (100 + 80 + 20, 45 + 20)
+
+
+def test_new_reasons_do_not_clash_with_the_batchers() -> None:
+    assert {r.value for r in PlanReason}.isdisjoint(r.value for r in DispatchReason)
+    assert PlanReason.DEADLINE == "deadline"
+    assert str(PlanReason.SOLO) == "solo"
+
+
+# -- admit ----------------------------------------------------------------------------
+
+
+def test_an_item_that_cannot_meet_its_budget_alone_goes_solo_and_leaves_the_window() -> None:
+    # Alone: 0.5 + 1e-4 * 160 + 0.02 * 50 = 1.516 s.
+    window = [item(deadline=100.0)]
+    assert admit(window, item(deadline=11.5), LIMITS, PREDICT, now=10.0) == Admission(None, True)
+    assert admit(window, item(deadline=11.6), LIMITS, PREDICT, now=10.0) == Admission(None, False)
+
+
+def test_an_empty_window_takes_any_item_that_meets_its_budget() -> None:
+    tight = PlanLimits(max_items=1, context_window=10, max_output_tokens=1)
+    assert admit([], item(), tight, PREDICT, now=0.0) == Admission(None, False)
+
+
+def test_the_window_goes_first_when_the_group_would_miss_its_most_urgent_deadline() -> None:
+    # Two items: 0.5 + 1e-4 * 220 + 0.02 * 100 = 2.522 s; one alone: 1.516 s.
+    window = [item(deadline=12.0)]
+    decision = admit(window, item(deadline=100.0), LIMITS, PREDICT, now=10.0)
+    assert decision == Admission(PlanReason.DEADLINE, False)
+    assert admit(window, item(deadline=100.0), LIMITS, PREDICT, now=9.4) == Admission(None, False)
+
+
+def test_the_new_items_own_deadline_counts_too() -> None:
+    window = [item(deadline=100.0)]
+    decision = admit(window, item(deadline=12.0), LIMITS, PREDICT, now=10.0)
+    assert decision == Admission(PlanReason.DEADLINE, False)
+
+
+@pytest.mark.parametrize(
+    ("limits", "reason"),
+    [
+        (PlanLimits(max_items=2), DispatchReason.FULL),
+        # Two items: 180 input + 100 output (wrappers included, no shared tokens).
+        (PlanLimits(context_window=279), PlanReason.TOKENS),
+        (PlanLimits(max_output_tokens=99), PlanReason.TOKENS),
+        (PlanLimits(context_window=280, max_output_tokens=100), None),
+    ],
+)
+def test_the_window_goes_first_when_the_item_would_not_fit(
+    limits: PlanLimits, reason: DispatchReason | PlanReason | None
+) -> None:
+    window = [item(), item()][: 2 if reason is DispatchReason.FULL else 1]
+    assert admit(window, item(), limits, PREDICT, now=0.0) == Admission(reason, False)
+
+
+# -- full_after_add -------------------------------------------------------------------
+
+
+def test_full_after_add() -> None:
+    assert full_after_add([], LIMITS) is None
+    assert full_after_add([item()] * 7, LIMITS) is None
+    assert full_after_add([item()] * 8, LIMITS) is DispatchReason.FULL
+    one = (50 + 10) + (40 + 10)  # input + output of one item, no shared tokens
+    assert full_after_add([item()], PlanLimits(context_window=one)) is PlanReason.TOKENS
+    assert full_after_add([item()], PlanLimits(context_window=one + 1)) is None
+    assert full_after_add([item()], PlanLimits(max_output_tokens=50)) is PlanReason.TOKENS
+    assert full_after_add([item(out=5000)], PlanLimits(max_output_tokens=4096)) is PlanReason.TOKENS
+
+
+# -- due_at ---------------------------------------------------------------------------
+
+
+def test_due_at_is_max_wait_after_the_first_arrival_when_deadlines_are_far() -> None:
+    window = [item(arrival=3.0), item(arrival=2.0, deadline=60.0)]
+    assert due_at(window, LIMITS, PREDICT) == 3.0
+
+
+def test_due_at_leaves_room_for_the_predicted_request_before_the_earliest_deadline() -> None:
+    window = [item(arrival=2.0, deadline=5.0), item(arrival=2.5, deadline=4.0)]
+    assert due_at(window, LIMITS, PREDICT) == pytest.approx(4.0 - 2.522)
+
+
+def test_due_at_of_an_empty_window_is_never() -> None:
+    assert due_at([], LIMITS, PREDICT) == math.inf
+
+
+# -- streaming order ------------------------------------------------------------------
+
+
+def test_streaming_order_puts_short_answers_first_and_is_stable() -> None:
+    items = [item(out=30), item(out=10), item(out=30), item(out=5), item(out=10)]
+    assert streaming_order(items) == [3, 1, 4, 0, 2]
+    assert streaming_order([]) == []
+
+
+# -- properties -----------------------------------------------------------------------
+
+items_strategy = st.lists(
+    st.tuples(
+        st.integers(0, 2000),  # input tokens
+        st.integers(0, 300),  # output tokens
+        st.floats(0.0, 2.0),  # gap since the previous arrival
+        st.one_of(st.just(math.inf), st.floats(0.5, 20.0)),  # budget
+    ),
+    max_size=40,
+)
+limits_strategy = st.builds(
+    PlanLimits,
+    max_items=st.integers(1, 10),
+    max_wait=st.floats(0.0, 3.0),
+    shared_tokens=st.integers(0, 500),
+    context_window=st.one_of(st.none(), st.integers(2000, 20000)),
+    max_output_tokens=st.one_of(st.none(), st.integers(300, 2000)),
+)
+
+
+def simulate(
+    raw: Sequence[tuple[int, int, float, float]], limits: PlanLimits
+) -> list[tuple[list[PlanItem], float, bool]]:
+    """Run the batcher's protocol over arrivals: (group, dispatched at, solo) per request."""
+    sent: list[tuple[list[PlanItem], float, bool]] = []
+    window: list[PlanItem] = []
+    now = 0.0
+
+    def flush(at: float) -> None:
+        sent.append((list(window), at, False))
+        window.clear()
+
+    for inp, out, gap, budget in raw:
+        now += gap
+        if window and due_at(window, limits, PREDICT) <= now:  # the timer fired first
+            flush(max(due_at(window, limits, PREDICT), window[-1].arrival))
+        new = PlanItem(inp, out, now + budget, now)
+        decision = admit(window, new, limits, PREDICT, now)
+        if decision.solo:
+            sent.append(([new], now, True))
+            continue
+        if decision.dispatch_first is not None:
+            flush(now)
+        window.append(new)
+        if full_after_add(window, limits) is not None:
+            flush(now)
+    if window:
+        flush(max(due_at(window, limits, PREDICT), window[-1].arrival))
+    return sent
+
+
+@given(items_strategy, limits_strategy)
+def test_only_solo_requests_are_predicted_to_miss_a_deadline(
+    raw: list[tuple[int, int, float, float]], limits: PlanLimits
+) -> None:
+    sent = simulate(raw, limits)
+    assert sum(len(group) for group, _, _ in sent) == len(raw)
+    for group, at, solo in sent:
+        finish = at + PREDICT(*group_tokens(group, limits))
+        if solo:
+            assert len(group) == 1
+            assert finish > group[0].deadline
+        else:
+            assert finish <= min(i.deadline for i in group) + 1e-9
+            assert at <= min(i.arrival for i in group) + limits.max_wait + 1e-9
+            assert len(group) <= limits.max_items
+
+
+@given(items_strategy, limits_strategy)
+def test_due_at_is_never_later_than_any_deadline_minus_the_prediction(
+    raw: list[tuple[int, int, float, float]], limits: PlanLimits
+) -> None:
+    window = [PlanItem(i, o, gap + budget, gap) for i, o, gap, budget in raw]
+    due = due_at(window, limits, PREDICT)
+    predicted = PREDICT(*group_tokens(window, limits))
+    for member in window:
+        assert due <= member.deadline - predicted
+        assert due <= member.arrival + limits.max_wait
+
+
+def test_admit_works_with_the_latency_model() -> None:
+    model = LatencyModel(LatencyPrior(overhead=0.5, prefill_per_token=1e-4, decode_per_token=0.02))
+
+    def predict(i: int, o: int) -> float:
+        return model.predict(i, o).total
+
+    # With the default 1.5 margin one item takes 1.516 * 1.5 = 2.274 s.
+    assert admit([], item(deadline=2.2), LIMITS, predict, now=0.0).solo
+    assert not admit([], item(deadline=2.3), LIMITS, predict, now=0.0).solo
+
+
+# -- rate-limit headers ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("1s", 1.0),
+        ("6m0s", 360.0),
+        ("20ms", 0.02),
+        ("1.5s", 1.5),
+        ("1h2m3s", 3723.0),
+        ("250us", 0.00025),
+        ("3µs", 3e-6),
+        ("0s", 0.0),
+        ("12", 12.0),
+        (" 7s ", 7.0),
+        ("", None),
+        ("soon", None),
+        ("5 s", None),
+        ("-1s", None),
+        ("1x", None),
+        ("inf", None),
+        ("nan", None),
+    ],
+)
+def test_parse_go_duration(text: str, seconds: float | None) -> None:
+    assert parse_go_duration(text) == (None if seconds is None else pytest.approx(seconds))
+
+
+@pytest.mark.parametrize("seconds", [0.02, 0.5, 1.0, 1.5, 12.0, 59.999, 360.0, 3725.25])
+def test_parse_go_duration_reads_what_the_simulator_writes(seconds: float) -> None:
+    assert parse_go_duration(go_duration(seconds)) == pytest.approx(seconds, abs=1e-3)
+
+
+def test_openai_headers() -> None:
+    headers = {
+        "X-RateLimit-Limit-Requests": "5000",
+        "x-ratelimit-remaining-requests": "4999",
+        "x-ratelimit-reset-requests": "12ms",
+        "x-ratelimit-limit-tokens": "80000",
+        "x-ratelimit-remaining-tokens": "79000",
+        "x-ratelimit-reset-tokens": "6m0s",
+    }
+    state = parse_rate_limit_headers(headers, now=100.0)
+    assert state == RateLimitState(
+        Quota(4999, pytest.approx(100.012), 5000),  # type: ignore[arg-type]
+        Quota(79000, 460.0, 80000),
+    )
+
+
+def test_anthropic_headers_from_the_simulator() -> None:
+    decision = RateDecision(SimQuota(50, 49, 30.0), SimQuota(40000, 1000, 2.0))
+    headers = anthropic_headers(decision, unix_now=1_700_000_000.0)
+    state = parse_rate_limit_headers(headers, now=5.0, unix_now=1_700_000_000.0)
+    assert state == RateLimitState(Quota(49, 35.0, 50), Quota(1000, 7.0, 40000))
+
+
+def test_anthropic_reset_falls_back_to_the_date_header_then_to_unknown() -> None:
+    headers = {
+        "anthropic-ratelimit-requests-remaining": "3",
+        "anthropic-ratelimit-requests-reset": "2023-11-14T22:13:30Z",
+    }
+    with_date = {**headers, "date": "Tue, 14 Nov 2023 22:13:20 GMT"}
+    assert parse_rate_limit_headers(with_date, now=1.0).requests == Quota(3, 11.0)
+    assert parse_rate_limit_headers(headers, now=1.0).requests == Quota(3, None)
+
+
+def test_unreadable_headers_count_as_missing() -> None:
+    headers = {
+        "x-ratelimit-remaining-requests": "many",
+        "x-ratelimit-remaining-tokens": "10",
+        "x-ratelimit-reset-tokens": "later",
+        "x-ratelimit-limit-tokens": "-4",
+        "date": "yesterday",
+    }
+    assert parse_rate_limit_headers(headers, now=0.0) == RateLimitState(None, Quota(10))
+    assert parse_rate_limit_headers({}, now=0.0) == RateLimitState()
+    bad_reset = {
+        "anthropic-ratelimit-tokens-remaining": "1",
+        "anthropic-ratelimit-tokens-reset": "x",
+    }
+    assert parse_rate_limit_headers(bad_reset, now=0.0, unix_now=0.0).tokens == Quota(1)
+
+
+def test_a_reset_in_the_past_is_now() -> None:
+    headers = {
+        "anthropic-ratelimit-tokens-remaining": "0",
+        "anthropic-ratelimit-tokens-reset": "1970-01-01T00:00:05+00:00",
+    }
+    state = parse_rate_limit_headers(headers, now=3.0, unix_now=10.0)
+    assert state.tokens == Quota(0, 3.0)
+
+
+# -- binding limit, packing, re-asks --------------------------------------------------
+
+# 10 requests or 10,000 tokens left, both resetting in 10 s.
+STATE = RateLimitState(Quota(10, 10.0), Quota(10_000, 10.0))
+
+
+@pytest.mark.parametrize(
+    ("pace", "binding"),
+    [
+        (Pace(0.5, 500.0), None),  # 5 requests, 2,500 tokens in 10 s
+        (Pace(2.0, 200.0), "requests"),  # out of requests after 5 s, tokens after 25 s
+        (Pace(2.0, 2_000.0), "tokens"),  # out of tokens after 2.5 s
+        (Pace(2.0, 1_000.0), "requests"),  # both after 5 s: a tie goes to requests
+        (Pace(0.0, 1_000.0), None),
+    ],
+)
+def test_binding_limit(pace: Pace, binding: str | None) -> None:
+    assert binding_limit(STATE, pace, now=0.0) == binding
+
+
+def test_binding_limit_edge_cases() -> None:
+    pace = Pace(1.0, 100.0)
+    assert binding_limit(RateLimitState(), pace, now=0.0) is None
+    empty = RateLimitState(tokens=Quota(0, 5.0))
+    assert binding_limit(empty, Pace(0.0, 0.0), now=0.0) == "tokens"
+    assert binding_limit(empty, pace, now=5.0) is None  # it has just reset
+    # Without a reset time, a minute: 30 requests at 1/s run out first.
+    assert binding_limit(RateLimitState(Quota(30)), pace, now=0.0) == "requests"
+    assert binding_limit(RateLimitState(Quota(90)), pace, now=0.0) is None
+
+
+def test_pack_more_spaces_requests_when_they_bind() -> None:
+    limits = PlanLimits(max_wait=0.05)
+    assert pack_more(STATE, limits, Pace(2.0, 200.0), now=0.0).max_wait == 1.0  # 10 s / 10
+    assert pack_more(STATE, limits, Pace(2.0, 200.0), now=6.0).max_wait == 0.4  # 4 s / 10
+    spent = RateLimitState(Quota(0, 7.0))
+    assert pack_more(spent, limits, Pace(1.0, 1.0), now=4.0).max_wait == 3.0
+    slow = PlanLimits(max_wait=2.0)
+    assert pack_more(STATE, slow, Pace(2.0, 200.0), now=0.0) is slow
+
+
+@pytest.mark.parametrize("pace", [Pace(0.5, 500.0), Pace(2.0, 2_000.0)])
+def test_pack_more_leaves_limits_alone_unless_requests_bind(pace: Pace) -> None:
+    assert pack_more(STATE, LIMITS, pace, now=0.0) is LIMITS
+
+
+def test_allow_reask_refuses_only_when_tokens_bind_and_the_answer_would_be_late() -> None:
+    tokens_bind = Pace(2.0, 2_000.0)
+    # 1,000 input + 50 output: 0.5 + 0.1 + 1.0 = 1.6 s.
+    size = {"input_tokens": 1000, "output_tokens": 50, "predict": PREDICT}
+    assert allow_reask(STATE, tokens_bind, 0.0, deadline=1.6, **size)  # type: ignore[arg-type]
+    assert not allow_reask(STATE, tokens_bind, 0.0, deadline=1.5, **size)  # type: ignore[arg-type]
+    calm = Pace(0.5, 500.0)
+    assert allow_reask(STATE, calm, 0.0, deadline=1.5, **size)  # type: ignore[arg-type]
+    # Too few tokens left: the re-ask starts at the reset, 10 s away.
+    low = RateLimitState(Quota(10, 10.0), Quota(500, 10.0))
+    assert not allow_reask(low, tokens_bind, 0.0, deadline=11.5, **size)  # type: ignore[arg-type]
+    assert allow_reask(low, tokens_bind, 0.0, deadline=11.6, **size)  # type: ignore[arg-type]
+
+
+# -- benchmarks -----------------------------------------------------------------------
+
+
+def size(budget: float, **overrides: float) -> int:
+    args: dict[str, float] = {
+        "arrival_rate": 100.0,
+        "budget": budget,
+        "max_wait": 1.0,
+        "shared_tokens": 500,
+        "item_input_tokens": 40,
+        "item_output_tokens": 10,
+        "max_items": 64,
+        "per_item_overhead_tokens": 10,
+    }
+    args.update(overrides)
+    return best_group_size(predict=linear(0.5, 1e-4, 0.01), **args)  # type: ignore[arg-type]
+
+
+def test_best_group_size_by_hand() -> None:
+    # k items: wait (k - 1) / 100, then 0.5 + 1e-4 * (500 + 50k) + 0.01 * 20k = 0.55 + 0.215k.
+    # k = 5: 0.04 + 0.55 + 0.205 * 5 + 0.01 * 4 ... computed exactly below.
+    def cost(k: int) -> float:
+        return (k - 1) / 100 + 0.5 + 1e-4 * (500 + 50 * k) + 0.01 * 20 * k
+
+    assert size(cost(5)) == 5
+    assert size(cost(5) - 1e-6) == 4
+    assert size(0.1) == 1  # nothing fits: alone, not never
+    assert size(100.0) == 64  # capped by max_items
+    assert size(100.0, max_wait=0.05) == 6  # at most 1 + 100/s * 0.05 s arrive in max_wait
+    assert size(100.0, arrival_rate=math.inf, max_wait=0.0) == 64  # a burst
+    with pytest.raises(ConfigurationError):
+        size(1.0, arrival_rate=0.0)
+
+
+@given(
+    st.floats(0.1, 30.0),
+    st.floats(0.1, 30.0),
+    st.floats(0.1, 1000.0),
+    st.floats(0.0, 5.0),
+)
+def test_a_tighter_budget_never_gives_a_larger_group(
+    a: float, b: float, rate: float, max_wait: float
+) -> None:
+    tight, loose = sorted((a, b))
+    assert size(tight, arrival_rate=rate, max_wait=max_wait) <= size(
+        loose, arrival_rate=rate, max_wait=max_wait
+    )
+
+
+def test_prompt_tokens_ratio() -> None:
+    assert prompt_tokens_ratio(1, 500, 50) == 1.0
+    assert prompt_tokens_ratio(10, 500, 50) == pytest.approx((50 + 50) / 550)
+    assert prompt_tokens_ratio(4, 0, 50) == 1.0
+    for bad in [(0, 1, 1), (2, 0, 0), (2, -1, 5)]:
+        with pytest.raises(ConfigurationError):
+            prompt_tokens_ratio(*bad)
