@@ -458,7 +458,7 @@ async def test_planning_hooks_bring_the_timer_forward_and_send_solo_items() -> N
         await anyio.sleep(0.05)
         tg.start_soon(batcher, "huge")
         tg.start_soon(batcher, "b")
-    batches = dict(zip(map(tuple, map(sorted, recorder.batches)), recorder.times))
+    batches = dict(zip(map(tuple, map(sorted, recorder.batches)), recorder.times, strict=True))
     assert batches == {("huge",): start + 0.05, ("a", "b"): pytest.approx(start + 0.1)}
     reasons = batcher.statistics().batches_by_reason
     assert (reasons["solo"], reasons["deadline"], reasons["window"]) == (1, 1, 0)

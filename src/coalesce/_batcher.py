@@ -551,7 +551,6 @@ class Batcher(Generic[T, R]):
         state = "closed" if self._closed else "open"
         next_flush = ""
         if self._windows and self._rt is not None:
-            window = next(iter(self._windows.values()))
             delay = self._next_due().due_at - self._rt.clock()
             next_flush = f", next flush in {max(delay, 0.0) * 1e3:.1f} ms"
         return (
