@@ -16,16 +16,18 @@ from coalesce._exceptions import ConfigurationError
 from coalesce._latency import LatencyModel, LatencyPrior
 from coalesce._planner import (
     Admission,
+    Due,
     Pace,
     PlanItem,
     PlanLimits,
-    PlanReason,
+    Predict,
     Quota,
     RateLimitState,
     admit,
     allow_reask,
     best_group_size,
     binding_limit,
+    due,
     due_at,
     full_after_add,
     group_tokens,
@@ -40,7 +42,7 @@ from coalesce.testing._ratelimit import Quota as SimQuota
 from coalesce.testing._ratelimit import RateDecision, anthropic_headers, go_duration
 
 
-def linear(overhead: float = 0.5, prefill: float = 1e-4, decode: float = 0.02):  # type: ignore[no-untyped-def]
+def linear(overhead: float = 0.5, prefill: float = 1e-4, decode: float = 0.02) -> Predict:
     """A predictor like the default prior (no margin): easy numbers by hand."""
     return lambda i, o: overhead + prefill * i + decode * o
 
@@ -80,12 +82,6 @@ def test_group_tokens_pay_shared_once_and_the_wrapper_per_item_on_both_sides() -
     assert group_tokens([item(50, 40), item(30, 5)], LIMITS) == (100 + 80 + 20, 45 + 20)
 
 
-def test_new_reasons_do_not_clash_with_the_batchers() -> None:
-    assert {r.value for r in PlanReason}.isdisjoint(r.value for r in DispatchReason)
-    assert PlanReason.DEADLINE == "deadline"
-    assert str(PlanReason.SOLO) == "solo"
-
-
 # -- admit ----------------------------------------------------------------------------
 
 
@@ -93,7 +89,8 @@ def test_an_item_that_cannot_meet_its_budget_alone_goes_solo_and_leaves_the_wind
     # Alone: 0.5 + 1e-4 * 160 + 0.02 * 50 = 1.516 s.
     window = [item(deadline=100.0)]
     assert admit(window, item(deadline=11.5), LIMITS, PREDICT, now=10.0) == Admission(None, True)
-    assert admit(window, item(deadline=11.6), LIMITS, PREDICT, now=10.0) == Admission(None, False)
+    assert admit([], item(deadline=11.5), LIMITS, PREDICT, now=10.0) == Admission(None, True)
+    assert admit([], item(deadline=11.6), LIMITS, PREDICT, now=10.0) == Admission(None, False)
 
 
 def test_an_empty_window_takes_any_item_that_meets_its_budget() -> None:
@@ -105,28 +102,28 @@ def test_the_window_goes_first_when_the_group_would_miss_its_most_urgent_deadlin
     # Two items: 0.5 + 1e-4 * 220 + 0.02 * 100 = 2.522 s; one alone: 1.516 s.
     window = [item(deadline=12.0)]
     decision = admit(window, item(deadline=100.0), LIMITS, PREDICT, now=10.0)
-    assert decision == Admission(PlanReason.DEADLINE, False)
+    assert decision == Admission(DispatchReason.DEADLINE, False)
     assert admit(window, item(deadline=100.0), LIMITS, PREDICT, now=9.4) == Admission(None, False)
 
 
 def test_the_new_items_own_deadline_counts_too() -> None:
     window = [item(deadline=100.0)]
     decision = admit(window, item(deadline=12.0), LIMITS, PREDICT, now=10.0)
-    assert decision == Admission(PlanReason.DEADLINE, False)
+    assert decision == Admission(DispatchReason.DEADLINE, False)
 
 
 @pytest.mark.parametrize(
     ("limits", "reason"),
     [
         (PlanLimits(max_items=2), DispatchReason.FULL),
-        # Two items: 180 input + 100 output (wrappers included, no shared tokens).
-        (PlanLimits(context_window=279), PlanReason.TOKENS),
-        (PlanLimits(max_output_tokens=99), PlanReason.TOKENS),
-        (PlanLimits(context_window=280, max_output_tokens=100), None),
+        # Two items: 120 input + 100 output (wrappers included, no shared tokens).
+        (PlanLimits(context_window=219), DispatchReason.TOKENS),
+        (PlanLimits(max_output_tokens=99), DispatchReason.TOKENS),
+        (PlanLimits(context_window=220, max_output_tokens=100), None),
     ],
 )
 def test_the_window_goes_first_when_the_item_would_not_fit(
-    limits: PlanLimits, reason: DispatchReason | PlanReason | None
+    limits: PlanLimits, reason: DispatchReason | None
 ) -> None:
     window = [item(), item()][: 2 if reason is DispatchReason.FULL else 1]
     assert admit(window, item(), limits, PREDICT, now=0.0) == Admission(reason, False)
@@ -140,10 +137,13 @@ def test_full_after_add() -> None:
     assert full_after_add([item()] * 7, LIMITS) is None
     assert full_after_add([item()] * 8, LIMITS) is DispatchReason.FULL
     one = (50 + 10) + (40 + 10)  # input + output of one item, no shared tokens
-    assert full_after_add([item()], PlanLimits(context_window=one)) is PlanReason.TOKENS
+    assert full_after_add([item()], PlanLimits(context_window=one)) is DispatchReason.TOKENS
     assert full_after_add([item()], PlanLimits(context_window=one + 1)) is None
-    assert full_after_add([item()], PlanLimits(max_output_tokens=50)) is PlanReason.TOKENS
-    assert full_after_add([item(out=5000)], PlanLimits(max_output_tokens=4096)) is PlanReason.TOKENS
+    assert full_after_add([item()], PlanLimits(max_output_tokens=50)) is DispatchReason.TOKENS
+    assert (
+        full_after_add([item(out=5000)], PlanLimits(max_output_tokens=4096))
+        is DispatchReason.TOKENS
+    )
 
 
 # -- due_at ---------------------------------------------------------------------------
@@ -151,16 +151,19 @@ def test_full_after_add() -> None:
 
 def test_due_at_is_max_wait_after_the_first_arrival_when_deadlines_are_far() -> None:
     window = [item(arrival=3.0), item(arrival=2.0, deadline=60.0)]
+    assert due(window, LIMITS, PREDICT) == Due(3.0, DispatchReason.WINDOW)
     assert due_at(window, LIMITS, PREDICT) == 3.0
 
 
 def test_due_at_leaves_room_for_the_predicted_request_before_the_earliest_deadline() -> None:
     window = [item(arrival=2.0, deadline=5.0), item(arrival=2.5, deadline=4.0)]
     assert due_at(window, LIMITS, PREDICT) == pytest.approx(4.0 - 2.522)
+    assert due(window, LIMITS, PREDICT).reason is DispatchReason.DEADLINE
 
 
 def test_due_at_of_an_empty_window_is_never() -> None:
     assert due_at([], LIMITS, PREDICT) == math.inf
+    assert due_at([item(deadline=1.0)], LIMITS, PREDICT) < 0  # overdue: dispatch at once
 
 
 # -- streaming order ------------------------------------------------------------------
@@ -315,7 +318,7 @@ def test_openai_headers() -> None:
 
 
 def test_anthropic_headers_from_the_simulator() -> None:
-    decision = RateDecision(SimQuota(50, 49, 30.0), SimQuota(40000, 1000, 2.0))
+    decision = RateDecision(True, 0.0, SimQuota(50, 49, 30.0), SimQuota(40000, 1000, 2.0))
     headers = anthropic_headers(decision, unix_now=1_700_000_000.0)
     state = parse_rate_limit_headers(headers, now=5.0, unix_now=1_700_000_000.0)
     assert state == RateLimitState(Quota(49, 35.0, 50), Quota(1000, 7.0, 40000))
@@ -391,11 +394,13 @@ def test_binding_limit_edge_cases() -> None:
 def test_pack_more_spaces_requests_when_they_bind() -> None:
     limits = PlanLimits(max_wait=0.05)
     assert pack_more(STATE, limits, Pace(2.0, 200.0), now=0.0).max_wait == 1.0  # 10 s / 10
-    assert pack_more(STATE, limits, Pace(2.0, 200.0), now=6.0).max_wait == 0.4  # 4 s / 10
+    # 4 s to the reset: at 5/s the 10 requests last 2 s.
+    assert pack_more(STATE, limits, Pace(5.0, 200.0), now=6.0).max_wait == 0.4
+    assert pack_more(STATE, limits, Pace(2.0, 200.0), now=6.0) is limits  # 5 s: they last
     spent = RateLimitState(Quota(0, 7.0))
     assert pack_more(spent, limits, Pace(1.0, 1.0), now=4.0).max_wait == 3.0
     slow = PlanLimits(max_wait=2.0)
-    assert pack_more(STATE, slow, Pace(2.0, 200.0), now=0.0) is slow
+    assert pack_more(STATE, slow, Pace(2.0, 200.0), now=0.0) == slow
 
 
 @pytest.mark.parametrize("pace", [Pace(0.5, 500.0), Pace(2.0, 2_000.0)])

@@ -36,6 +36,8 @@ from coalesce.providers import Usage
 ROUND = Price(1.0, 10.0, 0.1)
 
 
+# (100 + 1 * 40) input tokens at $1/Mtok plus 10 output tokens at $10/Mtok.
+APPROX_240: float = pytest.approx(240e-6)  # type: ignore[assignment]
 # NaN equals nothing, so the unknown cost of a failed request is compared as this.
 FAILED_COST = -1.0
 
@@ -298,9 +300,7 @@ def test_the_hook_receives_each_event_as_it_happens() -> None:
     assert events == [
         DispatchEvent("tag", "my-model", "window", 2),
         RetryEvent("tag", "my-model", 1, 0.5, error),
-        RequestEvent(
-            "tag", "my-model", 2, Usage(100, 10), 0.1, 0.3, 200e-6, pytest.approx(240e-6), False
-        ),
+        RequestEvent("tag", "my-model", 2, Usage(100, 10), 0.1, 0.3, 200e-6, APPROX_240, False),
         RequestEvent("tag", "my-model", 1, None, None, 0.2, FAILED_COST, 0.0, True, error),
         UnmeetableEvent("tag", "my-model", 2.0, 1.0),
         CallEvent("tag", "my-model", 1.5, 0.05, 1.0, True),

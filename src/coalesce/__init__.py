@@ -22,7 +22,7 @@ from ._exceptions import (
     TruncatedOutputError,
 )
 from ._policy import DispatchReason
-from ._prompt import PromptFunction, prompt
+from ._prompt import PromptFunction, latency_budget, prompt
 from ._stats import BatcherStatistics
 
 try:
@@ -49,5 +49,6 @@ __all__ = [
     "TruncatedOutputError",
     "__version__",
     "batch",
+    "latency_budget",
     "prompt",
 ]

@@ -247,11 +247,11 @@ class Batcher(Generic[T, R]):
                 if reason is not None:
                     self._dispatch(window, reason)
                     window = None
-        if window is not None and self._plans:
+        if self._plans:
             reason = self._plan_before(window, item, now)
             if reason is DispatchReason.SOLO:
                 return self._send_alone(item, now)
-            if reason is not None:
+            if reason is not None and window is not None:
                 self._dispatch(window, reason)
                 window = None
         if window is None:
@@ -282,9 +282,9 @@ class Batcher(Generic[T, R]):
     #: Whether the hooks below are consulted (keeps the plain path lean).
     _plans = False
 
-    def _plan_before(self, window: _Window, item: T, now: float) -> DispatchReason | None:
-        """Before ``item`` joins ``window``: dispatch the window first? ``SOLO``: the
-        item goes alone, at once."""
+    def _plan_before(self, window: _Window | None, item: T, now: float) -> DispatchReason | None:
+        """Before ``item`` joins ``window`` (``None``: it opens one): dispatch the window
+        first? ``SOLO``: the item goes alone, at once."""
         return None
 
     def _plan_after(self, window: _Window, now: float) -> DispatchReason | None:

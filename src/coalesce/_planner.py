@@ -10,6 +10,7 @@ window per partition and asks these functions, with explicit state and ``now``:
 * :func:`full_after_add`: after it joined, is the window full (items or tokens)?
 * :func:`due_at`: the latest time the window may wait so that every member still meets
   its deadline (and no item waits longer than ``max_wait``); the timer sleeps until it.
+  :func:`due` also says which of the two it is (``WINDOW`` or ``DEADLINE``).
 * :func:`streaming_order`: short expected answers first, so the streaming split hands
   them back early.
 
@@ -28,22 +29,21 @@ from __future__ import annotations
 
 import datetime
 import email.utils
-import enum
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal, NamedTuple, TypeAlias
+from typing import Literal, NamedTuple
 
 from coalesce._exceptions import ConfigurationError
 from coalesce._policy import DispatchReason
 
 __all__ = [
     "Admission",
+    "Due",
     "Pace",
     "PlanItem",
     "PlanLimits",
-    "PlanReason",
     "Predict",
     "Quota",
     "RateLimitState",
@@ -51,6 +51,7 @@ __all__ = [
     "allow_reask",
     "best_group_size",
     "binding_limit",
+    "due",
     "due_at",
     "full_after_add",
     "group_tokens",
@@ -69,27 +70,6 @@ Binding = Literal["requests", "tokens"]
 # A quota without a reset time is assumed to refill within a minute: provider limits
 # are per minute (RPM, TPM), so this is the longest it can take.
 DEFAULT_RESET_HORIZON = 60.0
-
-
-class PlanReason(str, enum.Enum):
-    """Dispatch reasons the planner adds to :class:`~coalesce._policy.DispatchReason`.
-
-    Same values as the members they become there, so they compare equal as strings.
-    """
-
-    #: The next item would have made the most urgent member miss its deadline.
-    DEADLINE = "deadline"
-    #: The item's own prediction already exceeds its budget: sent at once, alone.
-    SOLO = "solo"
-    #: The context window or the output-token limit was reached (or would be exceeded).
-    TOKENS = "tokens"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-Reason: TypeAlias = "DispatchReason | PlanReason"
-"""A dispatch reason: the batcher's own or one the planner adds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,10 +138,10 @@ class Admission(NamedTuple):
     is; otherwise the item joins the window (a fresh one if the old one was dispatched).
     """
 
-    dispatch_first: Reason | None
+    dispatch_first: DispatchReason | None
     """Dispatch the current window before the item joins, and why (``None``: don't)."""
     solo: bool
-    """Send the new item at once, alone (reason :attr:`PlanReason.SOLO`); count it."""
+    """Send the new item at once, alone (reason :attr:`DispatchReason.SOLO`); count it."""
 
 
 # -- groups ------------------------------------------------------------------------
@@ -212,9 +192,9 @@ def admit(
     ``new`` goes alone at once (``solo``) if even alone it is predicted to miss its
     deadline: waiting for company could only make it later. Otherwise the non-empty
     window is dispatched first if it is full, if adding ``new`` would break a token
-    limit (:attr:`PlanReason.TOKENS`), or if the group with ``new`` would be predicted
+    limit (:attr:`DispatchReason.TOKENS`), or if the group with ``new`` would be predicted
     to finish after the earliest deadline among its members
-    (:attr:`PlanReason.DEADLINE`). An empty window always takes the item.
+    (:attr:`DispatchReason.DEADLINE`). An empty window always takes the item.
 
     Args:
         window: The items already in the open window.
@@ -231,17 +211,17 @@ def admit(
         return Admission(DispatchReason.FULL, solo=False)
     group = [*window, new]
     if _over_tokens(group_tokens(group, limits), limits, reached=False):
-        return Admission(PlanReason.TOKENS, solo=False)
+        return Admission(DispatchReason.TOKENS, solo=False)
     if now + _finish(group, limits, predict) > min(item.deadline for item in group):
-        return Admission(PlanReason.DEADLINE, solo=False)
+        return Admission(DispatchReason.DEADLINE, solo=False)
     return Admission(None, solo=False)
 
 
-def full_after_add(window: Sequence[PlanItem], limits: PlanLimits) -> Reason | None:
+def full_after_add(window: Sequence[PlanItem], limits: PlanLimits) -> DispatchReason | None:
     """Must the window, now holding ``window``, be dispatched at once?
 
     Yes when it holds ``max_items`` items (:attr:`DispatchReason.FULL`) or its request
-    reaches the context window or the output-token limit (:attr:`PlanReason.TOKENS`;
+    reaches the context window or the output-token limit (:attr:`DispatchReason.TOKENS`;
     a single item over a limit travels alone).
 
     Args:
@@ -251,17 +231,26 @@ def full_after_add(window: Sequence[PlanItem], limits: PlanLimits) -> Reason | N
     if len(window) >= limits.max_items:
         return DispatchReason.FULL
     if window and _over_tokens(group_tokens(window, limits), limits, reached=True):
-        return PlanReason.TOKENS
+        return DispatchReason.TOKENS
     return None
 
 
-def due_at(window: Sequence[PlanItem], limits: PlanLimits, predict: Predict) -> float:
-    """Return the latest time the window may be dispatched.
+class Due(NamedTuple):
+    """When a window must be dispatched, and the reason the timer gives then."""
+
+    at: float
+    """The latest dispatch time; may be in the past (dispatch at once)."""
+    reason: DispatchReason
+    """``WINDOW`` if ``max_wait`` comes first, else ``DEADLINE``."""
+
+
+def due(window: Sequence[PlanItem], limits: PlanLimits, predict: Predict) -> Due:
+    """Return the latest time the window may be dispatched, and why then.
 
     ``min(opened + max_wait, min(deadlines) - predict(group))``, where ``opened`` is the
     earliest arrival: later, either an item would have waited longer than ``max_wait``
     or the group's request would be predicted to finish after some member's deadline.
-    The result may be in the past (dispatch at once); ``math.inf`` for an empty window.
+    An empty window is never due (``math.inf``).
 
     Args:
         window: The items in the window.
@@ -269,10 +258,23 @@ def due_at(window: Sequence[PlanItem], limits: PlanLimits, predict: Predict) -> 
         predict: Predicted duration of one request.
     """
     if not window:
-        return math.inf
-    opened = min(item.arrival for item in window)
+        return Due(math.inf, DispatchReason.WINDOW)
+    waited = min(item.arrival for item in window) + limits.max_wait
     latest = min(item.deadline for item in window) - _finish(window, limits, predict)
-    return min(opened + limits.max_wait, latest)
+    if waited <= latest:
+        return Due(waited, DispatchReason.WINDOW)
+    return Due(latest, DispatchReason.DEADLINE)
+
+
+def due_at(window: Sequence[PlanItem], limits: PlanLimits, predict: Predict) -> float:
+    """Return :func:`due`'s time alone: what the batcher's timer sleeps until.
+
+    Args:
+        window: The items in the window.
+        limits: The group limits.
+        predict: Predicted duration of one request.
+    """
+    return due(window, limits, predict).at
 
 
 def streaming_order(items: Sequence[PlanItem]) -> list[int]:
@@ -574,8 +576,9 @@ def best_group_size(
         raise ConfigurationError(f"arrival_rate must be > 0, got {arrival_rate!r}")
     limits = PlanLimits(max_items, max_wait, shared_tokens, None, None, per_item_overhead_tokens)
     item = PlanItem(item_input_tokens, item_output_tokens, math.inf, 0.0)
-    arriving = math.inf if math.isinf(arrival_rate) else 1 + arrival_rate * max_wait
-    largest = int(min(limits.max_items, math.floor(arriving + 1e-9)))
+    largest = limits.max_items
+    if math.isfinite(arrival_rate * max_wait):  # else a burst, or no wait limit
+        largest = min(largest, 1 + math.floor(arrival_rate * max_wait + 1e-9))
     for k in range(largest, 1, -1):
         wait = (k - 1) / arrival_rate
         if wait + _finish([item] * k, limits, predict) <= budget:

@@ -11,12 +11,15 @@ alone; their neighbours are never failed or re-asked because of them.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import inspect
 import json
 import math
 import typing
-from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Generic, ParamSpec, TypeVar
 
@@ -28,13 +31,17 @@ from ._batcher import Batcher, _Window
 from ._client import as_provider
 from ._exceptions import ConfigurationError, ItemError
 from ._jsonstream import Failed, Resolved, StreamSplitter
+from ._latency import LatencyModel
 from ._outcomes import FailureKind, ItemFailure, failure_error
 from ._packing import pack_request, split_reply
+from ._planner import PlanItem, PlanLimits, admit, due, full_after_add
+from ._policy import DispatchReason
 from ._retry import complete_with_retries
+from ._tokens import OutputTokenRegistry, count_json_tokens, estimator_for
 from ._validate import check_callable, check_int, check_seconds
 from .providers import Completion, CompletionRequest, Provider
 
-__all__ = ["PromptFunction", "prompt"]
+__all__ = ["PromptFunction", "latency_budget", "prompt"]
 
 P = ParamSpec("P")
 Out = TypeVar("Out")
@@ -48,6 +55,29 @@ DEFAULT_MAX_ATTEMPTS = 4
 #: Retries of a request that failed as a whole (429, 5xx, timeouts, dropped
 #: connections), after the first attempt; never past the callers' budget.
 DEFAULT_MAX_RETRIES = 4
+#: Output tokens per item the planner assumes before it has seen any reply.
+DEFAULT_EXPECTED_OUTPUT_TOKENS = 50
+
+_budget_override: ContextVar[float | None] = ContextVar("coalesce_latency_budget", default=None)
+
+
+@contextlib.contextmanager
+def latency_budget(seconds: float | None) -> Iterator[None]:
+    """Override the latency budget of the ``coalesce.prompt`` calls made inside.
+
+    ``with coalesce.latency_budget(0.5): await tag(ticket)`` gives that call 0.5 s,
+    keeping the function's signature untouched. ``None`` restores each function's own
+    budget. (Planning itself is switched on by a function's ``latency_budget=``.)
+
+    Raises:
+        ConfigurationError: If ``seconds`` is not a positive number or None.
+    """
+    value = check_seconds("latency_budget", seconds, positive=True, optional=True)
+    token = _budget_override.set(value)
+    try:
+        yield
+    finally:
+        _budget_override.reset(token)
 
 
 @dataclass
@@ -58,6 +88,7 @@ class _Job:
     key: str  # canonical JSON of the item, for de-duplication
     deadline: float
     partition: Hashable = None
+    plan: PlanItem | None = None  # token estimates and deadline, when planning
     attempts: int = 0
     outcome: Any = None
     done: bool = False
@@ -79,14 +110,75 @@ class _Spec:
     stream: bool
     dedupe: bool
     options: Mapping[str, Any] = field(default_factory=dict)
+    planner: _Planning | None = None
+
+
+class _Planning:
+    """What the budget planner learns and knows about one decorated function."""
+
+    def __init__(self, spec_model: str, limits: PlanLimits, output_prior: int) -> None:
+        self.estimator = estimator_for(spec_model)
+        self.latency = LatencyModel()
+        self.limits = limits
+        self.outputs = OutputTokenRegistry(default_prior=output_prior)
+
+    def predict(self, input_tokens: int, output_tokens: int) -> float:
+        return self.latency.predict(input_tokens, output_tokens).total
+
+    def plan_item(self, item: Any, partition: Hashable, deadline: float, now: float) -> PlanItem:
+        return PlanItem(
+            input_tokens=count_json_tokens(item, self.estimator),
+            output_tokens=self.outputs.expected(partition),
+            deadline=deadline,
+            arrival=now,
+        )
+
+    def learn(self, completion: Completion, items: int, partition: Hashable) -> None:
+        usage = completion.usage
+        if usage is None or completion.seconds is None or items <= 0:
+            return
+        self.latency.observe(
+            usage.input_tokens, usage.output_tokens, completion.seconds, ttft=completion.ttft
+        )
+        per_item = max(
+            1, round(usage.output_tokens / items) - 2 * self.limits.per_item_overhead_tokens
+        )
+        for _ in range(items):
+            self.outputs.observe(partition, per_item)
 
 
 class _PromptBatcher(Batcher[_Job, Any]):
-    """A batcher whose batch function can resolve callers before it returns."""
+    """A batcher whose batch function can resolve callers before it returns, and
+    which, given a latency budget, sizes each group with the planner."""
 
     def __init__(self, spec: _Spec, **options: Any) -> None:
         self._spec = spec
+        self._plans = spec.planner is not None
         super().__init__(_unused, name=spec.name, **options)
+
+    def _plan_before(self, window: _Window | None, job: _Job, now: float) -> DispatchReason | None:
+        planning = self._spec.planner
+        assert planning is not None
+        assert job.plan is not None
+        members = [member.plan for member in window.items] if window is not None else []
+        admission = admit(members, job.plan, planning.limits, planning.predict, now)
+        if admission.solo:
+            return DispatchReason.SOLO
+        return admission.dispatch_first
+
+    def _plan_after(self, window: _Window, now: float) -> DispatchReason | None:
+        planning = self._spec.planner
+        assert planning is not None
+        members = [member.plan for member in window.items]
+        reason = full_after_add(members, planning.limits)
+        if reason is not None:
+            return reason
+        when = due(members, planning.limits, planning.predict)
+        window.due_at, window.due_reason = when.at, when.reason
+        if when.at <= now:
+            return when.reason
+        self._reschedule(when.at)
+        return None
 
     async def _invoke(self, window: _Window) -> Any:
         jobs: list[_Job] = window.items
@@ -128,7 +220,7 @@ async def _ask(
         slots.setdefault(key, []).append(index)
     # Short inputs first: their answers are usually short too, so with streaming the
     # split hands them back before the model writes the long ones.
-    members = sorted(slots.values(), key=lambda group: len(jobs[group[0]].key))
+    members = sorted(slots.values(), key=lambda group: _expected_length(jobs[group[0]]))
     packed = pack_request(
         spec.instructions,
         [jobs[group[0]].item for group in members],
@@ -180,8 +272,17 @@ async def _ask(
         completion = Completion(
             text="", finish_reason="length", seconds=anyio.current_time() - started
         )
+    if spec.planner is not None:
+        spec.planner.learn(completion, len(members), jobs[indexes[0]].partition)
     failures = _final_outcomes(spec, packed.ids, completion, splitter if streamed else None)
     return _settle_failures(spec, jobs, by_id, failures, resolve, completion, deadline)
+
+
+def _expected_length(job: _Job) -> float:
+    """Sort key: expected output size when planning, else the input's length."""
+    if job.plan is not None:
+        return job.plan.output_tokens * 1e6 + len(job.key)
+    return len(job.key)
 
 
 def _final_outcomes(
@@ -265,9 +366,16 @@ class PromptFunction(Generic[P, Out]):
     async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Out:
         item = await self._item(args, kwargs)
         key = json.dumps(item, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-        deadline = anyio.current_time() + (self._budget if self._budget is not None else math.inf)
+        now = anyio.current_time()
+        budget = _budget_override.get()
+        if budget is None:
+            budget = self._budget
+        deadline = now + (budget if budget is not None else math.inf)
         partition = self._partition(*args, **kwargs) if self._partition is not None else None
         job = _Job(item=item, key=key, deadline=deadline, partition=partition)
+        planning = self._spec.planner
+        if planning is not None:
+            job.plan = planning.plan_item(item, partition, deadline, now)
         return await self._batcher(job)  # type: ignore[no-any-return]
 
     async def _item(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -309,6 +417,7 @@ def prompt(
     max_output_tokens: int | None = None,
     stream: bool = True,
     dedupe: bool = False,
+    expected_output_tokens: int | None = None,
     **request_options: Any,
 ) -> Callable[[Callable[P, Awaitable[Out]]], PromptFunction[P, Out]]:
     """Turn ``async def f(<item params>) -> Out`` into an LLM call that coalesces.
@@ -341,6 +450,8 @@ def prompt(
         stream: Stream replies and resolve each caller as soon as its own output is
             complete (default True; providers that cannot stream ignore it).
         dedupe: Identical items in one group share one slot in the prompt.
+        expected_output_tokens: Output tokens per item the planner assumes before it
+            has learned them from replies (default 50; only with ``latency_budget``).
         **request_options: Passed to the provider unchanged (``temperature=0``...).
 
     Raises:
@@ -361,6 +472,7 @@ def prompt(
         "max_output_tokens": max_output_tokens,
         "stream": stream,
         "dedupe": dedupe,
+        "expected_output_tokens": expected_output_tokens,
         **request_options,
     }
     return functools.partial(_decorate, options=options)
@@ -399,6 +511,9 @@ def _decorate(
     partition = check_callable("partition", options.pop("partition", None))
     output_type = _output_type(fn)
     adapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(output_type)
+    output_prior = check_int(
+        "expected_output_tokens", options.pop("expected_output_tokens", None), optional=True
+    )
     spec = _Spec(
         name=fn.__qualname__,
         provider=as_provider(client),
@@ -419,10 +534,25 @@ def _decorate(
         dedupe=bool(options.pop("dedupe", False)),
         options=options,
     )
+    if budget is not None:
+        spec = _with_planner(spec, batch_options, output_prior)
     if partition is not None:
         batch_options["partition"] = _job_partition
     batcher = _PromptBatcher(spec, **batch_options)
     return PromptFunction(fn, spec, batcher, partition, budget)
+
+
+def _with_planner(spec: _Spec, batch_options: Mapping[str, Any], output_prior: int | None) -> _Spec:
+    """Attach a budget planner: token estimates, a learned latency model, limits."""
+    system = pack_request(spec.instructions, [None], spec.output_schema).system
+    limits = PlanLimits(
+        max_items=batch_options["max_items"],
+        max_wait=batch_options["max_wait"],
+        shared_tokens=estimator_for(spec.model).count(system),
+        max_output_tokens=spec.max_output_tokens,
+    )
+    planning = _Planning(spec.model, limits, output_prior or DEFAULT_EXPECTED_OUTPUT_TOKENS)
+    return dataclasses.replace(spec, planner=planning)
 
 
 def _job_partition(job: _Job) -> Hashable:
