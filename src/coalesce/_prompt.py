@@ -57,6 +57,9 @@ DEFAULT_MAX_ATTEMPTS = 4
 DEFAULT_MAX_RETRIES = 4
 #: Output tokens per item the planner assumes before it has seen any reply.
 DEFAULT_EXPECTED_OUTPUT_TOKENS = 50
+#: Largest group before the planner has measured any: after that, at most twice the
+#: largest measured, so predictions never extrapolate far beyond what was observed.
+SLOW_START = 8
 
 _budget_override: ContextVar[float | None] = ContextVar("coalesce_latency_budget", default=None)
 
@@ -119,8 +122,19 @@ class _Planning:
     def __init__(self, spec_model: str, limits: PlanLimits, output_prior: int) -> None:
         self.estimator = estimator_for(spec_model)
         self.latency = LatencyModel()
-        self.limits = limits
+        self.max_items = limits.max_items
         self.outputs = OutputTokenRegistry(default_prior=output_prior)
+        # Slow start: a group may be at most twice the largest one measured so far,
+        # so a prediction never extrapolates far beyond what the model has seen.
+        self.largest = 1
+        self.limits = dataclasses.replace(limits, max_items=min(SLOW_START, self.max_items))
+
+    def _grow(self, items: int) -> None:
+        if items > self.largest:
+            self.largest = items
+            allowed = min(max(SLOW_START, 2 * items), self.max_items)
+            if allowed > self.limits.max_items:
+                self.limits = dataclasses.replace(self.limits, max_items=allowed)
 
     def predict(self, input_tokens: int, output_tokens: int) -> float:
         return self.latency.predict(input_tokens, output_tokens).total
@@ -140,9 +154,11 @@ class _Planning:
         self.latency.observe(
             usage.input_tokens, usage.output_tokens, completion.seconds, ttft=completion.ttft
         )
-        per_item = max(
-            1, round(usage.output_tokens / items) - 2 * self.limits.per_item_overhead_tokens
-        )
+        # The reply's own frame ({"results": [...]}) is small; each item costs its
+        # output plus the {"id": ..., "output": ...} wrapper the planner adds back.
+        overhead = self.limits.per_item_overhead_tokens
+        per_item = max(1, round(usage.output_tokens / items) - overhead)
+        self._grow(items)
         for _ in range(items):
             self.outputs.observe(partition, per_item)
 

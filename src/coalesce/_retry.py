@@ -12,7 +12,6 @@ a partial reply, and a second answer would be appended to the first.
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -170,7 +169,7 @@ async def complete_with_retries(
         max_attempts: The most attempts, the first included.
         deadline: Absolute time (``anyio.current_time()`` clock) by which an attempt
             must start: a retry whose wait would reach it is not made (the last error
-            is re-raised), and an attempt still running then is cancelled.
+            is re-raised). An attempt already running is not cut off by it.
         attempt_timeout: Cancel an attempt after this many seconds; that counts as a
             retryable failure (``TimeoutError``).
         on_retry: Called before each wait with the failed attempt (counts retries).
@@ -179,8 +178,7 @@ async def complete_with_retries(
 
     Raises:
         ConfigurationError: ``max_attempts`` below 1 or a non-positive ``attempt_timeout``.
-        TimeoutError: The deadline passed during an attempt, or the last attempt
-            outlasted ``attempt_timeout``.
+        TimeoutError: The last attempt outlasted ``attempt_timeout``.
         Exception: The provider's own exception from the last attempt, unchanged.
     """
     if max_attempts < 1:
@@ -209,11 +207,12 @@ async def _attempt(
     deadline: float | None,
     attempt_timeout: float | None,
 ) -> Completion:
-    with anyio.CancelScope(deadline=math.inf if deadline is None else deadline):
-        with anyio.move_on_after(attempt_timeout):
-            return await provider.complete(request, on_text)
-        raise _AttemptTimeout(f"the provider request took longer than {attempt_timeout} s")
-    raise TimeoutError("the deadline passed while a provider request was running")
+    # The deadline only decides whether a retry may start: a latency budget is a
+    # planning target, and an answer a little late beats an error for every caller
+    # of the request. A hard stop is the client's own timeout (or attempt_timeout).
+    with anyio.move_on_after(attempt_timeout):
+        return await provider.complete(request, on_text)
+    raise _AttemptTimeout(f"the provider request took longer than {attempt_timeout} s")
 
 
 class _AttemptTimeout(TimeoutError):

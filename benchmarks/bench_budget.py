@@ -1,0 +1,233 @@
+"""Groups sized against a latency budget, side by side with the alternatives.
+
+600 calls arrive as a Poisson stream at 100/s and go through ``coalesce.prompt`` to
+the simulated provider over real HTTP with the official openai SDK (time to first
+token 0.35 s, 80 output tokens/s, outputs of a couple of tens of tokens, a shared
+instruction of about 400 tokens). Three ways:
+
+* one call per item (``max_items=1``),
+* fixed groups of 20 (``max_items=20``, ``max_wait=0.5``, no budget),
+* coalesced at ``latency_budget=2.0`` with ``max_wait=0.5``: the planner sizes each group.
+
+It prints p50/p95/p99 latency, the share of calls within the budget, requests, prompt
+tokens and estimated cost, and the best group size for this budget computed from the
+simulated model's parameters beside the planner's mean group size.
+
+Run: ``python benchmarks/bench_budget.py [--calls 600] [--rate 100] [--seed 1]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import anyio
+import httpx
+import openai
+from pydantic import BaseModel
+
+import coalesce
+from coalesce._planner import best_group_size
+from coalesce._pricing import cost, price_for
+from coalesce._tokens import count_tokens
+
+MODEL = "gpt-4o-mini"
+BUDGET = 2.0
+MAX_WAIT = 0.5
+TTFT = 0.35
+PREFILL = 0.00005  # seconds per prompt token before the first token
+TOKENS_PER_SECOND = 80.0
+OUTPUT_TOKENS = 12  # content tokens per item's output (the JSON frame adds about 10)
+
+INSTRUCTIONS = (
+    "You are the triage assistant of a software company's support desk. For each"
+    " support ticket you receive, decide which team should handle it and how urgent"
+    " it is. Use the category 'billing' for invoices, payments, refunds, plans,"
+    " prices, taxes and receipts; 'bug' for crashes, errors, broken pages, features"
+    " that do not behave as documented and performance problems; 'account' for"
+    " sign-in, passwords, two-factor authentication, email changes, team membership"
+    " and permissions; and 'other' for everything else, including feature requests,"
+    " praise and questions about the roadmap. Urgency is 'high' when the customer"
+    " cannot work at all, money is at stake, or data may be lost or exposed; 'medium'"
+    " when they can work around the problem but it costs them time; and 'low' for"
+    " questions, cosmetic problems and requests. Sentiment is the customer's tone,"
+    " not the severity of the problem: 'negative' when they are angry or frustrated,"
+    " 'positive' when they are friendly or grateful, 'neutral' otherwise. Judge each"
+    " ticket on its own words only; do not let other tickets influence it. If a"
+    " ticket mentions several problems, classify the one the customer most wants"
+    " solved. If a ticket is empty, unreadable or in a language you do not know, use"
+    " 'other', 'low' and 'neutral'. Never invent details that the ticket does not"
+    " contain, never address the customer, and never add explanations: answer only"
+    " with the requested fields, exactly as specified by the output format, for"
+    " every ticket in the request."
+)
+
+
+class Triage(BaseModel):
+    category: Literal["billing", "bug", "account", "other"]
+    urgency: Literal["low", "medium", "high"]
+    sentiment: Literal["negative", "neutral", "positive"]
+
+
+def tickets(n: int) -> list[str]:
+    problems = ["my invoice is wrong", "the app crashes on start", "I cannot log in"]
+    return [f"Ticket {i}: {problems[i % 3]} since this morning, please help" for i in range(n)]
+
+
+@contextlib.contextmanager
+def simulator() -> Iterator[str]:
+    """``coalesce simulate`` in its own process, so it does not share our CPU time."""
+    config = {
+        "latency": {
+            "default": {
+                "ttft": TTFT,
+                "prompt_token_seconds": PREFILL,
+                "tokens_per_second": TOKENS_PER_SECOND,
+            }
+        },
+        "output_tokens": OUTPUT_TOKENS,
+    }
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as file:
+        json.dump(config, file)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "coalesce", "simulate", "--port", str(port)]
+    server = subprocess.Popen([*command, "--config", file.name], stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.get(url, timeout=1.0)
+                break
+            time.sleep(0.05)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+async def run(url: str, arrivals: list[float], **options: Any) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=url) as http:
+        await http.post("/_sim/reset")
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="sk-sim", timeout=30.0) as client:
+
+        @coalesce.prompt(client=client, model=MODEL, instructions=INSTRUCTIONS, **options)
+        async def triage(ticket: str) -> Triage:
+            """(instructions= above)"""
+
+        latencies: list[float] = []
+        items = tickets(len(arrivals))
+
+        async def one(ticket: str) -> None:
+            start = time.perf_counter()
+            await triage(ticket)
+            latencies.append(time.perf_counter() - start)
+
+        origin = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for ticket, at in zip(items, arrivals, strict=True):
+                delay = at - (time.perf_counter() - origin)
+                if delay > 0:
+                    await anyio.sleep(delay)
+                tg.start_soon(one, ticket)
+        await triage.aclose()
+        batches = triage.statistics()
+    async with httpx.AsyncClient(base_url=url) as http:
+        totals = (await http.get("/_sim/stats")).json()["totals"]
+    price = price_for(MODEL)
+    assert price is not None
+    ordered = sorted(latencies)
+    return {
+        "p50": statistics.median(ordered),
+        "p95": ordered[int(0.95 * (len(ordered) - 1))],
+        "p99": ordered[int(0.99 * (len(ordered) - 1))],
+        "within": sum(t <= BUDGET for t in ordered) / len(ordered),
+        "requests": totals["requests"],
+        "prompt_tokens": totals["prompt_tokens"],
+        "cost": cost(totals["prompt_tokens"], totals["completion_tokens"], price),
+        "mean_group": batches.mean_batch_size,
+        "reasons": {k: v for k, v in batches.batches_by_reason.items() if v},
+    }
+
+
+def best_size(rate: float) -> int:
+    shared = count_tokens(INSTRUCTIONS, MODEL) + 60  # + the reply-format description
+    item_in = count_tokens(tickets(1)[0], MODEL)
+    return best_group_size(
+        arrival_rate=rate,
+        budget=BUDGET,
+        max_wait=MAX_WAIT,
+        shared_tokens=shared,
+        item_input_tokens=item_in,
+        item_output_tokens=OUTPUT_TOKENS,
+        predict=lambda i, o: TTFT + PREFILL * i + o / TOKENS_PER_SECOND,
+    )
+
+
+async def main(calls: int, rate: float, seed: int) -> None:
+    rng = random.Random(seed)
+    arrivals, at = [], 0.0
+    for _ in range(calls):
+        at += rng.expovariate(rate)
+        arrivals.append(at)
+    runs = {}
+    with simulator() as url:
+        runs["one call per item"] = await run(url, arrivals, max_items=1, max_wait=0.0)
+        runs["fixed groups of 20"] = await run(url, arrivals, max_items=20, max_wait=MAX_WAIT)
+        runs[f"coalesce, budget {BUDGET:g} s"] = await run(
+            url, arrivals, max_items=64, max_wait=MAX_WAIT, latency_budget=BUDGET
+        )
+    base = runs["one call per item"]
+    print(
+        f"{calls} calls, Poisson arrivals at {rate:g}/s (seed {seed}); simulated provider over"
+        f" HTTP (TTFT {TTFT} s, {TOKENS_PER_SECOND:g} tokens/s); shared instruction"
+        f" {count_tokens(INSTRUCTIONS, MODEL)} tokens; max_wait {MAX_WAIT} s\n"
+    )
+    print(
+        "| mode | p50 | p95 | p99 | within 2 s | requests | mean group | prompt tokens"
+        " | vs one per item | cost (USD) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, r in runs.items():
+        print(
+            f"| {name} | {r['p50']:.2f} s | {r['p95']:.2f} s | {r['p99']:.2f} s"
+            f" | {r['within']:.1%} | {r['requests']} | {r['mean_group']:.1f}"
+            f" | {r['prompt_tokens']:,} | {r['prompt_tokens'] / base['prompt_tokens']:.2f}x"
+            f" | {r['cost']:.4f} |"
+        )
+    planned = runs[f"coalesce, budget {BUDGET:g} s"]
+    best = best_size(rate)
+    print(f"\nBest group size for this budget (from the simulated model's parameters): {best}")
+    print(
+        f"Planner's mean group size: {planned['mean_group']:.1f}; dispatch reasons {planned['reasons']}"
+    )
+    ok_budget = planned["within"] >= 0.99
+    ratio = planned["prompt_tokens"] / base["prompt_tokens"]
+    print(
+        f"Target >= 99% within {BUDGET:g} s: {'HOLDS' if ok_budget else 'FAILS'} ({planned['within']:.1%})"
+    )
+    print(
+        f"Target prompt tokens <= 0.27x one-per-item: {'HOLDS' if ratio <= 0.27 else 'FAILS'} ({ratio:.2f}x)"
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=600)
+    parser.add_argument("--rate", type=float, default=100.0)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    warnings.simplefilter("ignore", coalesce.CoalesceWarning)  # offline token counts
+    anyio.run(main, args.calls, args.rate, args.seed)

@@ -1,0 +1,93 @@
+"""The latency budget sizes groups: tighter budgets give smaller groups, looser ones
+larger, and a budget that cannot be met is reported. Simulated provider in process,
+on virtual time, calls arriving every 10 ms."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import anyio
+import pytest
+from pydantic import BaseModel
+
+import coalesce
+from coalesce.testing import LatencyModel, LatencyProfile, SimulatedProvider
+
+pytestmark = [
+    pytest.mark.anyio,
+    # Token counts for gpt-4o-mini fall back to the bundled cl100k_base offline.
+    pytest.mark.filterwarnings("ignore::coalesce.CoalesceWarning"),
+]
+
+
+class Tag(BaseModel):
+    label: Literal["billing", "bug", "other"]
+
+
+def provider() -> SimulatedProvider:
+    profile = LatencyProfile(ttft=0.35, prompt_token_seconds=0.0001, tokens_per_second=80)
+    return SimulatedProvider(latency=LatencyModel(default=profile), output_tokens=20)
+
+
+async def run(
+    budget: float, calls: int = 200, **options: Any
+) -> tuple[SimulatedProvider, Any, list[float]]:
+    sim = provider()
+
+    @coalesce.prompt(
+        client=sim.openai_client(max_retries=0),
+        model="gpt-4o-mini",
+        latency_budget=budget,
+        max_wait=0.5,
+        max_items=64,
+        **options,
+    )
+    async def tag(ticket: str) -> Tag:
+        """Tag the support ticket."""
+
+    latencies: list[float] = []
+
+    async def one(n: int) -> None:
+        start = anyio.current_time()
+        await tag(f"ticket {n}: something is wrong with my account")
+        latencies.append(anyio.current_time() - start)
+
+    async with anyio.create_task_group() as tg:
+        for n in range(calls):
+            tg.start_soon(one, n)
+            await anyio.sleep(0.01)
+    await tag.aclose()
+    return sim, tag.statistics(), latencies
+
+
+async def test_tighter_budgets_give_smaller_groups() -> None:
+    sizes = {}
+    for budget in (1.5, 2.5, 4.0):
+        sim, stats, latencies = await run(budget)
+        sizes[budget] = stats.mean_batch_size
+        late = [t for t in latencies[50:] if t > budget]  # after the model has learned
+        assert len(late) <= 0.01 * len(latencies[50:]), (budget, sorted(latencies)[-5:])
+    assert sizes[1.5] < sizes[2.5] < sizes[4.0], sizes
+
+
+async def test_an_unmeetable_budget_is_reported_not_silently_missed() -> None:
+    _sim, stats, _latencies = await run(0.2, calls=20)
+    assert stats.batches_by_reason["solo"] == 20
+    assert stats.mean_batch_size == 1
+
+
+async def test_per_call_budget_override() -> None:
+    sim = provider()
+
+    @coalesce.prompt(
+        client=sim.openai_client(max_retries=0), model="gpt-4o-mini", latency_budget=5.0
+    )
+    async def tag(ticket: str) -> Tag:
+        """Tag the support ticket."""
+
+    with coalesce.latency_budget(0.2):
+        await tag("urgent")
+    assert tag.statistics().batches_by_reason["solo"] == 1
+    with pytest.raises(coalesce.ConfigurationError, match="latency_budget"):
+        with coalesce.latency_budget(-1):
+            pass
