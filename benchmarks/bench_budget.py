@@ -143,7 +143,7 @@ async def run(url: str, arrivals: list[float], **options: Any) -> dict[str, Any]
                     await anyio.sleep(delay)
                 tg.start_soon(one, ticket)
         await triage.aclose()
-        batches = triage.statistics()
+        batches = triage.batcher_statistics()
     async with httpx.AsyncClient(base_url=url) as http:
         totals = (await http.get("/_sim/stats")).json()["totals"]
     price = price_for(MODEL)

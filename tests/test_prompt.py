@@ -307,3 +307,22 @@ def test_item_errors_carry_the_raw_output() -> None:
     error = InvalidOutputError("bad", item_id="3", raw={"x": 1}, attempts=2)
     assert isinstance(error, ItemError)
     assert (error.item_id, error.raw, error.attempts) == ("3", {"x": 1}, 2)
+
+
+async def test_statistics_count_calls_tokens_cost_and_savings(sim: SimulatedProvider) -> None:
+    events: list[Any] = []
+    tag = make_tagger(sim.openai_client(max_retries=0), max_items=10, on_event=events.append)
+    sim.inject("rate_limit")
+    await call_all(tag, [f"t{n}" for n in range(20)])
+    stats = tag.statistics()
+    assert isinstance(stats, coalesce.PromptStatistics)
+    assert (stats.calls, stats.calls_failed) == (20, 0)
+    assert stats.requests == sim.statistics().requests - 1  # the 429 was retried
+    assert stats.retries == 1
+    assert stats.items_per_request == 10
+    assert stats.input_tokens == sum(r.prompt_tokens for r in sim.requests if r.status == 200)
+    assert stats.input_tokens < stats.input_tokens_one_per_item
+    assert 0 < stats.estimated_cost < stats.estimated_cost_one_per_item
+    assert 0 < stats.savings < 1
+    assert stats.latency_p50 > 0
+    assert {type(event).__name__ for event in events} >= {"CallEvent", "RequestEvent"}

@@ -57,7 +57,7 @@ async def run(
             tg.start_soon(one, n)
             await anyio.sleep(0.01)
     await tag.aclose()
-    return sim, tag.statistics(), latencies
+    return sim, tag.batcher_statistics(), latencies
 
 
 async def test_tighter_budgets_give_smaller_groups() -> None:
@@ -87,7 +87,7 @@ async def test_per_call_budget_override() -> None:
 
     with coalesce.latency_budget(0.2):
         await tag("urgent")
-    assert tag.statistics().batches_by_reason["solo"] == 1
+    assert tag.batcher_statistics().batches_by_reason["solo"] == 1
     with pytest.raises(coalesce.ConfigurationError, match="latency_budget"):
         with coalesce.latency_budget(-1):
             pass

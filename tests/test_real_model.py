@@ -226,7 +226,7 @@ async def test_coalesce_prompt_end_to_end_on_a_real_model(llama_server: str, str
         async with anyio.create_task_group() as tg:
             for review in REVIEWS:
                 tg.start_soon(one, review)
-        stats = classify.statistics()
+        stats = classify.batcher_statistics()
     assert set(results) == set(REVIEWS)
     assert all(isinstance(verdict, Verdict) for verdict in results.values())
     assert stats.batches == 1  # all four in one packed request

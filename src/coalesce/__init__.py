@@ -22,7 +22,18 @@ from ._exceptions import (
     TruncatedOutputError,
 )
 from ._policy import DispatchReason
+from ._pricing import DEFAULT_PRICES, Price, price_for
 from ._prompt import PromptFunction, latency_budget, prompt
+from ._prompt_stats import (
+    CallEvent,
+    DispatchEvent,
+    Event,
+    EventHook,
+    PromptStatistics,
+    RequestEvent,
+    RetryEvent,
+    UnmeetableEvent,
+)
 from ._stats import BatcherStatistics
 
 try:
@@ -31,24 +42,35 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0+unknown"
 
 __all__ = [
+    "DEFAULT_PRICES",
     "BatchError",
     "BatchMethod",
     "Batcher",
     "BatcherClosedError",
     "BatcherStatistics",
+    "CallEvent",
     "CoalesceError",
     "CoalesceWarning",
     "ConfigurationError",
+    "DispatchEvent",
     "DispatchReason",
+    "Event",
+    "EventHook",
     "InvalidOutputError",
     "ItemError",
     "MissingOutputError",
+    "Price",
     "PromptFunction",
+    "PromptStatistics",
     "QueueFull",
+    "RequestEvent",
     "ResultCountError",
+    "RetryEvent",
     "TruncatedOutputError",
+    "UnmeetableEvent",
     "__version__",
     "batch",
     "latency_budget",
+    "price_for",
     "prompt",
 ]

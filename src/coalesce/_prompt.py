@@ -36,7 +36,10 @@ from ._outcomes import FailureKind, ItemFailure, failure_error
 from ._packing import pack_request, split_reply
 from ._planner import PlanItem, PlanLimits, admit, due, full_after_add
 from ._policy import DispatchReason
-from ._retry import complete_with_retries
+from ._pricing import Price
+from ._prompt_stats import EventHook, PromptRecorder, PromptStatistics
+from ._retry import RetryEvent, complete_with_retries
+from ._stats import BatcherStatistics
 from ._tokens import OutputTokenRegistry, count_json_tokens, estimator_for
 from ._validate import check_callable, check_int, check_seconds
 from .providers import Completion, CompletionRequest, Provider
@@ -114,6 +117,8 @@ class _Spec:
     dedupe: bool
     options: Mapping[str, Any] = field(default_factory=dict)
     planner: _Planning | None = None
+    recorder: PromptRecorder | None = None
+    shared_tokens: int = 0
 
 
 class _Planning:
@@ -172,6 +177,11 @@ class _PromptBatcher(Batcher[_Job, Any]):
         self._plans = spec.planner is not None
         super().__init__(_unused, name=spec.name, **options)
 
+    def _dispatch(self, window: _Window, reason: DispatchReason) -> None:
+        super()._dispatch(window, reason)
+        if self._spec.recorder is not None:
+            self._spec.recorder.dispatched(reason, len(window.items))
+
     def _plan_before(self, window: _Window | None, job: _Job, now: float) -> DispatchReason | None:
         planning = self._spec.planner
         assert planning is not None
@@ -179,6 +189,9 @@ class _PromptBatcher(Batcher[_Job, Any]):
         members = [member.plan for member in window.items] if window is not None else []
         admission = admit(members, job.plan, planning.limits, planning.predict, now)
         if admission.solo:
+            if self._spec.recorder is not None:
+                predicted = planning.predict(job.plan.input_tokens, job.plan.output_tokens)
+                self._spec.recorder.unmeetable(predicted, job.plan.deadline - now)
             return DispatchReason.SOLO
         return admission.dispatch_first
 
@@ -273,6 +286,8 @@ async def _ask(
     )
     deadline = min(jobs[index].deadline for index in indexes)
     started = anyio.current_time()
+    recorder = spec.recorder
+    reask = any(jobs[index].attempts > 1 for index in indexes)
     try:
         completion = await complete_with_retries(
             spec.provider,
@@ -280,18 +295,40 @@ async def _ask(
             on_text=on_text if spec.stream else None,
             deadline=deadline,
             max_attempts=spec.max_retries + 1,
+            on_retry=None if recorder is None else _retry_recorder(recorder),
         )
-    except Exception:
+    except Exception as exc:
+        if recorder is not None:
+            recorder.request_failed(
+                len(members), exc, seconds=anyio.current_time() - started, reask=reask
+            )
         if not streamed:
             raise  # nobody was answered: every caller gets the provider's own error
         # The reply broke mid-stream: keep what arrived, ask again for the rest.
         completion = Completion(
             text="", finish_reason="length", seconds=anyio.current_time() - started
         )
+    else:
+        if recorder is not None:
+            recorder.request_finished(
+                len(members),
+                completion.usage,
+                shared_input_tokens=spec.shared_tokens,
+                ttft=completion.ttft,
+                seconds=completion.seconds,
+                reask=reask,
+            )
     if spec.planner is not None:
         spec.planner.learn(completion, len(members), jobs[indexes[0]].partition)
     failures = _final_outcomes(spec, packed.ids, completion, splitter if streamed else None)
     return _settle_failures(spec, jobs, by_id, failures, resolve, completion, deadline)
+
+
+def _retry_recorder(recorder: PromptRecorder) -> Callable[[RetryEvent], None]:
+    def record(event: RetryEvent) -> None:
+        recorder.retried(event.attempt, event.wait, event.error)
+
+    return record
 
 
 def _expected_length(job: _Job) -> float:
@@ -392,7 +429,16 @@ class PromptFunction(Generic[P, Out]):
         planning = self._spec.planner
         if planning is not None:
             job.plan = planning.plan_item(item, partition, deadline, now)
-        return await self._batcher(job)  # type: ignore[no-any-return]
+        recorder = self._spec.recorder
+        if recorder is None:
+            return await self._batcher(job)  # type: ignore[no-any-return]
+        try:
+            result = await self._batcher(job)
+        except Exception:
+            recorder.call_finished(anyio.current_time() - now, budget=budget, ok=False)
+            raise
+        recorder.call_finished(anyio.current_time() - now, budget=budget, ok=True)
+        return result  # type: ignore[no-any-return]
 
     async def _item(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         bound = self._signature.bind(*args, **kwargs)
@@ -406,8 +452,16 @@ class PromptFunction(Generic[P, Out]):
             value = dict(bound.arguments)
         return pydantic_core.to_jsonable_python(value)
 
-    def statistics(self) -> Any:
-        """A snapshot of the underlying batcher's counters."""
+    def statistics(self) -> PromptStatistics:
+        """An immutable snapshot: latency and budget, tokens, cost and savings, requests.
+
+        See :class:`~coalesce.PromptStatistics`.
+        """
+        assert self._spec.recorder is not None
+        return self._spec.recorder.snapshot()
+
+    def batcher_statistics(self) -> BatcherStatistics:
+        """The underlying batcher's counters (windows, waits, dispatch reasons)."""
         return self._batcher.statistics()
 
     async def aclose(self) -> None:
@@ -434,6 +488,8 @@ def prompt(
     stream: bool = True,
     dedupe: bool = False,
     expected_output_tokens: int | None = None,
+    prices: Price | Mapping[str, Price] | None = None,
+    on_event: EventHook | None = None,
     **request_options: Any,
 ) -> Callable[[Callable[P, Awaitable[Out]]], PromptFunction[P, Out]]:
     """Turn ``async def f(<item params>) -> Out`` into an LLM call that coalesces.
@@ -468,6 +524,9 @@ def prompt(
         dedupe: Identical items in one group share one slot in the prompt.
         expected_output_tokens: Output tokens per item the planner assumes before it
             has learned them from replies (default 50; only with ``latency_budget``).
+        prices: A :class:`~coalesce.Price` for ``model``, or a table consulted before
+            the defaults, for the estimated cost in :meth:`PromptFunction.statistics`.
+        on_event: Called with each call, request, dispatch and retry event.
         **request_options: Passed to the provider unchanged (``temperature=0``...).
 
     Raises:
@@ -489,6 +548,8 @@ def prompt(
         "stream": stream,
         "dedupe": dedupe,
         "expected_output_tokens": expected_output_tokens,
+        "prices": prices,
+        "on_event": on_event,
         **request_options,
     }
     return functools.partial(_decorate, options=options)
@@ -550,6 +611,17 @@ def _decorate(
         dedupe=bool(options.pop("dedupe", False)),
         options=options,
     )
+    system = pack_request(spec.instructions, [None], spec.output_schema).system
+    spec = dataclasses.replace(
+        spec,
+        recorder=PromptRecorder(
+            fn.__qualname__,
+            model,
+            prices=options.pop("prices", None),
+            on_event=options.pop("on_event", None),
+        ),
+        shared_tokens=estimator_for(model).count(system),
+    )
     if budget is not None:
         spec = _with_planner(spec, batch_options, output_prior)
     if partition is not None:
@@ -560,11 +632,10 @@ def _decorate(
 
 def _with_planner(spec: _Spec, batch_options: Mapping[str, Any], output_prior: int | None) -> _Spec:
     """Attach a budget planner: token estimates, a learned latency model, limits."""
-    system = pack_request(spec.instructions, [None], spec.output_schema).system
     limits = PlanLimits(
         max_items=batch_options["max_items"],
         max_wait=batch_options["max_wait"],
-        shared_tokens=estimator_for(spec.model).count(system),
+        shared_tokens=spec.shared_tokens,
         max_output_tokens=spec.max_output_tokens,
     )
     planning = _Planning(spec.model, limits, output_prior or DEFAULT_EXPECTED_OUTPUT_TOKENS)
