@@ -63,7 +63,7 @@ async def run(
 async def test_tighter_budgets_give_smaller_groups() -> None:
     sizes = {}
     for budget in (1.5, 2.5, 4.0):
-        sim, stats, latencies = await run(budget)
+        _sim, stats, latencies = await run(budget)
         sizes[budget] = stats.mean_batch_size
         late = [t for t in latencies[50:] if t > budget]  # after the model has learned
         assert len(late) <= 0.01 * len(latencies[50:]), (budget, sorted(latencies)[-5:])
@@ -88,6 +88,9 @@ async def test_per_call_budget_override() -> None:
     with coalesce.latency_budget(0.2):
         await tag("urgent")
     assert tag.batcher_statistics().batches_by_reason["solo"] == 1
-    with pytest.raises(coalesce.ConfigurationError, match="latency_budget"):
-        with coalesce.latency_budget(-1):
-            pass
+    assert tag.statistics().unmeetable_budgets == 1
+    with (
+        pytest.raises(coalesce.ConfigurationError, match="latency_budget"),
+        coalesce.latency_budget(-1),
+    ):
+        pass
