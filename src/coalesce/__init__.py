@@ -21,6 +21,7 @@ from ._exceptions import (
     ResultCountError,
     TruncatedOutputError,
 )
+from ._latency import LatencyPrior
 from ._policy import DispatchReason
 from ._pricing import DEFAULT_PRICES, Price, price_for
 from ._prompt import PromptFunction, latency_budget, prompt
@@ -58,6 +59,7 @@ __all__ = [
     "EventHook",
     "InvalidOutputError",
     "ItemError",
+    "LatencyPrior",
     "MissingOutputError",
     "Price",
     "PromptFunction",

@@ -31,7 +31,7 @@ from ._batcher import Batcher, _Window
 from ._client import as_provider
 from ._exceptions import ConfigurationError, ItemError
 from ._jsonstream import Failed, Resolved, StreamSplitter
-from ._latency import LatencyModel
+from ._latency import LatencyModel, LatencyPrior
 from ._outcomes import FailureKind, ItemFailure, failure_error
 from ._packing import pack_request, split_reply
 from ._planner import PlanItem, PlanLimits, admit, due, full_after_add
@@ -124,9 +124,11 @@ class _Spec:
 class _Planning:
     """What the budget planner learns and knows about one decorated function."""
 
-    def __init__(self, spec_model: str, limits: PlanLimits, output_prior: int) -> None:
+    def __init__(
+        self, spec_model: str, limits: PlanLimits, output_prior: int, prior: LatencyPrior | None
+    ) -> None:
         self.estimator = estimator_for(spec_model)
-        self.latency = LatencyModel()
+        self.latency = LatencyModel(prior)
         self.max_items = limits.max_items
         self.outputs = OutputTokenRegistry(default_prior=output_prior)
         # Slow start: a group may be at most twice the largest one measured so far,
@@ -488,6 +490,7 @@ def prompt(
     stream: bool = True,
     dedupe: bool = False,
     expected_output_tokens: int | None = None,
+    latency_prior: LatencyPrior | None = None,
     prices: Price | Mapping[str, Price] | None = None,
     on_event: EventHook | None = None,
     **request_options: Any,
@@ -524,6 +527,9 @@ def prompt(
         dedupe: Identical items in one group share one slot in the prompt.
         expected_output_tokens: Output tokens per item the planner assumes before it
             has learned them from replies (default 50; only with ``latency_budget``).
+        latency_prior: What the planner assumes of the provider's speed before it has
+            measured it (:class:`~coalesce.LatencyPrior`; default: conservative for
+            hosted models). Declare it when you know the provider.
         prices: A :class:`~coalesce.Price` for ``model``, or a table consulted before
             the defaults, for the estimated cost in :meth:`PromptFunction.statistics`.
         on_event: Called with each call, request, dispatch and retry event.
@@ -548,6 +554,7 @@ def prompt(
         "stream": stream,
         "dedupe": dedupe,
         "expected_output_tokens": expected_output_tokens,
+        "latency_prior": latency_prior,
         "prices": prices,
         "on_event": on_event,
         **request_options,
@@ -591,6 +598,11 @@ def _decorate(
     output_prior = check_int(
         "expected_output_tokens", options.pop("expected_output_tokens", None), optional=True
     )
+    latency_prior = options.pop("latency_prior", None)
+    if latency_prior is not None and not isinstance(latency_prior, LatencyPrior):
+        raise ConfigurationError(
+            f"latency_prior must be a coalesce.LatencyPrior, got {latency_prior!r}"
+        )
     spec = _Spec(
         name=fn.__qualname__,
         provider=as_provider(client),
@@ -623,14 +635,19 @@ def _decorate(
         shared_tokens=estimator_for(model).count(system),
     )
     if budget is not None:
-        spec = _with_planner(spec, batch_options, output_prior)
+        spec = _with_planner(spec, batch_options, output_prior, latency_prior)
     if partition is not None:
         batch_options["partition"] = _job_partition
     batcher = _PromptBatcher(spec, **batch_options)
     return PromptFunction(fn, spec, batcher, partition, budget)
 
 
-def _with_planner(spec: _Spec, batch_options: Mapping[str, Any], output_prior: int | None) -> _Spec:
+def _with_planner(
+    spec: _Spec,
+    batch_options: Mapping[str, Any],
+    output_prior: int | None,
+    latency_prior: LatencyPrior | None,
+) -> _Spec:
     """Attach a budget planner: token estimates, a learned latency model, limits."""
     limits = PlanLimits(
         max_items=batch_options["max_items"],
@@ -638,7 +655,9 @@ def _with_planner(spec: _Spec, batch_options: Mapping[str, Any], output_prior: i
         shared_tokens=spec.shared_tokens,
         max_output_tokens=spec.max_output_tokens,
     )
-    planning = _Planning(spec.model, limits, output_prior or DEFAULT_EXPECTED_OUTPUT_TOKENS)
+    planning = _Planning(
+        spec.model, limits, output_prior or DEFAULT_EXPECTED_OUTPUT_TOKENS, latency_prior
+    )
     return dataclasses.replace(spec, planner=planning)
 
 
