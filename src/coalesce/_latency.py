@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -240,8 +241,12 @@ class LatencyModel:
         self._ttft_scale = _RobustScale(0.2)
         self._decode_scale = _RobustScale(0.2)
         self._total_scale = _RobustScale(0.2)
-        self._total_ratios = WindowQuantile(margin_window)
-        self._ttft_ratios = WindowQuantile(margin_window)
+        # Recent measurements, re-scored against the *current* fit whenever the margin
+        # is needed: ratios frozen at observation time would keep the errors of the
+        # calibration transient (a cold prior) in the margin for a whole window.
+        self.margin_window = margin_window
+        self._recent: deque[tuple[int, int, float, float | None]] = deque(maxlen=margin_window)
+        self._margin_cache: tuple[float, float] | None = None
         self._observations = 0
         self._prior_strength = prior_weight
 
@@ -276,14 +281,35 @@ class LatencyModel:
                                  self._observations)  # fmt: skip
 
     def _total_margin(self) -> float:
-        if len(self._total_ratios) < self.min_margin_samples:
-            return self.default_margin
-        return _conformal_quantile(self._total_ratios, self.quantile)
+        return self._margins()[0]
 
     def _ttft_margin(self) -> float:
-        if len(self._ttft_ratios) < self.min_margin_samples:
-            return self._total_margin()
-        return _conformal_quantile(self._ttft_ratios, self.quantile)
+        return self._margins()[1]
+
+    def _margins(self) -> tuple[float, float]:
+        """(total, ttft) margins: conformal quantiles of observed/predicted ratios of
+        the recent measurements under the current coefficients (cached until the next
+        observation)."""
+        if self._margin_cache is None:
+            totals = WindowQuantile(self.margin_window)
+            ttfts = WindowQuantile(self.margin_window)
+            for input_tokens, output_tokens, seconds, ttft in self._recent:
+                mean = self.predict_mean(input_tokens, output_tokens)
+                totals.add(seconds / max(mean.total, _MIN_PREDICTION))
+                if ttft is not None:
+                    ttfts.add(ttft / max(mean.ttft, _MIN_PREDICTION))
+            total = (
+                self.default_margin
+                if len(totals) < self.min_margin_samples
+                else _conformal_quantile(totals, self.quantile)
+            )
+            first = (
+                total
+                if len(ttfts) < self.min_margin_samples
+                else _conformal_quantile(ttfts, self.quantile)
+            )
+            self._margin_cache = (total, first)
+        return self._margin_cache
 
     # -- calibration -------------------------------------------------------------
 
@@ -306,12 +332,11 @@ class LatencyModel:
             return
         if ttft is not None and not (math.isfinite(ttft) and 0 < ttft <= seconds):
             ttft = None
-        mean = self.predict_mean(input_tokens, output_tokens)
-        self._total_ratios.add(seconds / max(mean.total, _MIN_PREDICTION))
+        self._recent.append((input_tokens, output_tokens, seconds, ttft))
+        self._margin_cache = None
         if ttft is None:
             rows = [self._row((1.0, input_tokens, output_tokens), seconds, self._total_scale)]
         else:
-            self._ttft_ratios.add(ttft / max(mean.ttft, _MIN_PREDICTION))
             rows = [self._row((1.0, input_tokens, 0.0), ttft, self._ttft_scale)]
             if output_tokens > 0:
                 decode = seconds - ttft
