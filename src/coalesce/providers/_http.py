@@ -140,12 +140,23 @@ def chat_url(base_url: str) -> str:
     return f"{url}/v1/chat/completions"
 
 
-def chat_body(request: CompletionRequest, *, structured: bool) -> dict[str, Any]:
-    """The JSON body of a chat-completions request.
+def chat_body(
+    request: CompletionRequest,
+    *,
+    structured: bool,
+    strict: bool = True,
+    max_tokens_key: str = "max_tokens",
+) -> dict[str, Any]:
+    """The JSON body (or SDK keyword arguments) of a chat-completions request.
+
+    ``request.options`` come first, so the request's own fields win.
 
     Args:
         request: The request.
-        structured: Send ``reply_schema`` as a strict ``json_schema`` response format.
+        structured: Send ``reply_schema`` as a ``json_schema`` response format.
+        strict: Ask for strict schema adherence.
+        max_tokens_key: ``max_tokens`` (every compatible server knows it) or OpenAI's
+            newer ``max_completion_tokens``.
     """
     body: dict[str, Any] = {
         **request.options,
@@ -156,11 +167,10 @@ def chat_body(request: CompletionRequest, *, structured: bool) -> dict[str, Any]
         ],
     }
     if request.max_output_tokens is not None:
-        # max_tokens, not max_completion_tokens: every compatible server knows it.
-        body["max_tokens"] = request.max_output_tokens
+        body[max_tokens_key] = request.max_output_tokens
     if structured and request.reply_schema is not None:
         body["response_format"] = openai_response_format(
-            request.reply_schema, name=request.schema_name
+            request.reply_schema, name=request.schema_name, strict=strict
         )
     if request.stream:
         body["stream"] = True

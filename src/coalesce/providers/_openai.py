@@ -8,9 +8,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .._packing import openai_response_format
 from ._base import Completion, CompletionRequest, RetryAdvice, Usage
-from ._http import Collector, lower_headers, read_chat_stream, status_advice, transport_error_kind
+from ._http import (
+    Collector,
+    chat_body,
+    lower_headers,
+    read_chat_stream,
+    status_advice,
+    transport_error_kind,
+)
 
 if TYPE_CHECKING:
     import openai
@@ -73,24 +79,9 @@ class OpenAIProvider:
         Args:
             request: The request.
         """
-        args: dict[str, Any] = {
-            **request.options,
-            "model": request.model,
-            "messages": [
-                {"role": "system", "content": request.system},
-                {"role": "user", "content": request.user},
-            ],
-        }
-        if request.max_output_tokens is not None:
-            args["max_completion_tokens"] = request.max_output_tokens
-        if request.reply_schema is not None:
-            args["response_format"] = openai_response_format(
-                request.reply_schema, name=request.schema_name, strict=self.strict
-            )
-        if request.stream:
-            args["stream"] = True
-            args["stream_options"] = {"include_usage": True}
-        return args
+        return chat_body(
+            request, structured=True, strict=self.strict, max_tokens_key="max_completion_tokens"
+        )
 
     def advise(self, error: BaseException) -> RetryAdvice:
         """Retry 408, 409, 429 (after ``retry-after``), 5xx, timeouts and connection errors.
