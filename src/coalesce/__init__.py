@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from ._batcher import Batcher, BatchMethod, batch
+from ._batch import BatchMethod, batch
+from ._batcher import Batcher
 from ._exceptions import (
     BatcherClosedError,
     BatchError,
