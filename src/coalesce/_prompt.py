@@ -18,9 +18,8 @@ import inspect
 import json
 import math
 import typing
-from collections.abc import Awaitable, Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Iterator, Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass, field
 from typing import Any, Generic, ParamSpec, TypeVar
 
 import anyio
@@ -29,20 +28,17 @@ import pydantic_core
 
 from ._batcher import Batcher, _Window
 from ._client import as_provider
-from ._exceptions import ConfigurationError, ItemError
-from ._jsonstream import Failed, Resolved, StreamSplitter
-from ._latency import LatencyModel, LatencyPrior
-from ._outcomes import FailureKind, ItemFailure, failure_error
-from ._packing import pack_request, split_reply
-from ._planner import PlanItem, PlanLimits, admit, due, full_after_add
+from ._exceptions import ConfigurationError
+from ._group import Job, Planning, Spec, run_group
+from ._latency import LatencyPrior
+from ._packing import pack_request
+from ._planner import PlanLimits, admit, due, full_after_add
 from ._policy import DispatchReason
 from ._pricing import Price
 from ._prompt_stats import EventHook, PromptRecorder, PromptStatistics
-from ._retry import RetryEvent, complete_with_retries
 from ._stats import BatcherStatistics
-from ._tokens import OutputTokenRegistry, count_json_tokens, estimator_for
+from ._tokens import estimator_for
 from ._validate import check_callable, check_int, check_seconds
-from .providers import Completion, CompletionRequest, Provider
 
 __all__ = ["PromptFunction", "latency_budget", "prompt"]
 
@@ -60,9 +56,6 @@ DEFAULT_MAX_ATTEMPTS = 4
 DEFAULT_MAX_RETRIES = 4
 #: Output tokens per item the planner assumes before it has seen any reply.
 DEFAULT_EXPECTED_OUTPUT_TOKENS = 50
-#: Largest group before the planner has measured any: after that, at most twice the
-#: largest measured, so predictions never extrapolate far beyond what was observed.
-SLOW_START = 8
 
 _budget_override: ContextVar[float | None] = ContextVar("coalesce_latency_budget", default=None)
 
@@ -86,95 +79,11 @@ def latency_budget(seconds: float | None) -> Iterator[None]:
         _budget_override.reset(token)
 
 
-@dataclass
-class _Job:
-    """One call in flight: its item, deadline and how many requests carried it."""
-
-    item: Any
-    key: str  # canonical JSON of the item, for de-duplication
-    deadline: float
-    partition: Hashable = None
-    plan: PlanItem | None = None  # token estimates and deadline, when planning
-    attempts: int = 0
-    outcome: Any = None
-    done: bool = False
-
-
-@dataclass(frozen=True)
-class _Spec:
-    """Everything fixed at decoration time."""
-
-    name: str
-    provider: Provider
-    model: str
-    instructions: str
-    output_schema: Mapping[str, Any]
-    validate: Callable[[Any], Any]
-    max_attempts: int
-    max_retries: int
-    max_output_tokens: int | None
-    stream: bool
-    dedupe: bool
-    options: Mapping[str, Any] = field(default_factory=dict)
-    planner: _Planning | None = None
-    recorder: PromptRecorder | None = None
-    shared_tokens: int = 0
-
-
-class _Planning:
-    """What the budget planner learns and knows about one decorated function."""
-
-    def __init__(
-        self, spec_model: str, limits: PlanLimits, output_prior: int, prior: LatencyPrior | None
-    ) -> None:
-        self.estimator = estimator_for(spec_model)
-        self.latency = LatencyModel(prior)
-        self.max_items = limits.max_items
-        self.outputs = OutputTokenRegistry(default_prior=output_prior)
-        # Slow start: a group may be at most twice the largest one measured so far,
-        # so a prediction never extrapolates far beyond what the model has seen.
-        self.largest = 1
-        self.limits = dataclasses.replace(limits, max_items=min(SLOW_START, self.max_items))
-
-    def _grow(self, items: int) -> None:
-        if items > self.largest:
-            self.largest = items
-            allowed = min(max(SLOW_START, 2 * items), self.max_items)
-            if allowed > self.limits.max_items:
-                self.limits = dataclasses.replace(self.limits, max_items=allowed)
-
-    def predict(self, input_tokens: int, output_tokens: int) -> float:
-        return self.latency.predict(input_tokens, output_tokens).total
-
-    def plan_item(self, item: Any, partition: Hashable, deadline: float, now: float) -> PlanItem:
-        return PlanItem(
-            input_tokens=count_json_tokens(item, self.estimator),
-            output_tokens=self.outputs.expected(partition),
-            deadline=deadline,
-            arrival=now,
-        )
-
-    def learn(self, completion: Completion, items: int, partition: Hashable) -> None:
-        usage = completion.usage
-        if usage is None or completion.seconds is None or items <= 0:
-            return
-        self.latency.observe(
-            usage.input_tokens, usage.output_tokens, completion.seconds, ttft=completion.ttft
-        )
-        # The reply's own frame ({"results": [...]}) is small; each item costs its
-        # output plus the {"id": ..., "output": ...} wrapper the planner adds back.
-        overhead = self.limits.per_item_overhead_tokens
-        per_item = max(1, round(usage.output_tokens / items) - overhead)
-        self._grow(items)
-        for _ in range(items):
-            self.outputs.observe(partition, per_item)
-
-
-class _PromptBatcher(Batcher[_Job, Any]):
+class _PromptBatcher(Batcher[Job, Any]):
     """A batcher whose batch function can resolve callers before it returns, and
     which, given a latency budget, sizes each group with the planner."""
 
-    def __init__(self, spec: _Spec, **options: Any) -> None:
+    def __init__(self, spec: Spec, **options: Any) -> None:
         self._spec = spec
         self._plans = spec.planner is not None
         super().__init__(_unused, name=spec.name, **options)
@@ -184,7 +93,7 @@ class _PromptBatcher(Batcher[_Job, Any]):
         if self._spec.recorder is not None:
             self._spec.recorder.dispatched(reason, len(window.items))
 
-    def _plan_before(self, window: _Window | None, job: _Job, now: float) -> DispatchReason | None:
+    def _plan_before(self, window: _Window | None, job: Job, now: float) -> DispatchReason | None:
         planning = self._spec.planner
         assert planning is not None
         assert job.plan is not None
@@ -212,188 +121,19 @@ class _PromptBatcher(Batcher[_Job, Any]):
         return None
 
     async def _invoke(self, window: _Window) -> Any:
-        jobs: list[_Job] = window.items
+        jobs: list[Job] = window.items
 
         def settle(job_index: int, outcome: Any) -> None:
             job = jobs[job_index]
             job.outcome, job.done = outcome, True
             self._deliver_one(window, job_index, outcome)
 
-        await _run_group(self._spec, jobs, settle)
+        await run_group(self._spec, jobs, settle)
         return [job.outcome for job in jobs]
 
 
 async def _unused(items: list[Any]) -> list[Any]:  # pragma: no cover - _invoke replaces it
     raise AssertionError("unreachable")
-
-
-async def _run_group(spec: _Spec, jobs: list[_Job], settle: Callable[[int, Any], None]) -> None:
-    """Ask for every job's output; re-ask failures in smaller groups, then alone."""
-    pending = list(range(len(jobs)))
-    group_size = len(pending)
-    while pending:
-        groups = [pending[i : i + group_size] for i in range(0, len(pending), group_size)]
-        failed: list[int] = []
-        for group in groups:
-            failed += await _ask(spec, jobs, group, settle)
-        pending = failed
-        group_size = max(1, math.ceil(len(failed) / 2)) if group_size > 1 else 1
-
-
-async def _ask(
-    spec: _Spec, jobs: list[_Job], indexes: list[int], settle: Callable[[int, Any], None]
-) -> list[int]:
-    """Send one request for ``indexes``; settle what it answers; return what to re-ask."""
-    # Identical items share one slot when dedupe is on.
-    slots: dict[str, list[int]] = {}
-    for index in indexes:
-        key = jobs[index].key if spec.dedupe else str(index)
-        slots.setdefault(key, []).append(index)
-    # Short inputs first: their answers are usually short too, so with streaming the
-    # split hands them back before the model writes the long ones.
-    members = sorted(slots.values(), key=lambda group: _expected_length(jobs[group[0]]))
-    packed = pack_request(
-        spec.instructions,
-        [jobs[group[0]].item for group in members],
-        spec.output_schema,
-        structured=spec.provider.structured,
-    )
-    by_id = dict(zip(packed.ids, members, strict=False))
-    for index in indexes:
-        jobs[index].attempts += 1
-
-    def resolve(item_id: str, outcome: Any) -> None:
-        for index in by_id.get(item_id, ()):
-            if not jobs[index].done:
-                settle(index, outcome)
-
-    splitter = StreamSplitter(packed.ids, spec.validate)
-    streamed = False
-
-    def on_text(delta: str) -> None:
-        nonlocal streamed
-        streamed = True
-        for event in splitter.feed(delta):
-            if isinstance(event, Resolved):
-                resolve(event.id, event.value)
-
-    request = CompletionRequest(
-        model=spec.model,
-        system=packed.system,
-        user=packed.user,
-        reply_schema=packed.reply_schema if spec.provider.structured else None,
-        max_output_tokens=spec.max_output_tokens,
-        stream=spec.stream,
-        options=spec.options,
-    )
-    deadline = min(jobs[index].deadline for index in indexes)
-    started = anyio.current_time()
-    recorder = spec.recorder
-    reask = any(jobs[index].attempts > 1 for index in indexes)
-    try:
-        completion = await complete_with_retries(
-            spec.provider,
-            request,
-            on_text=on_text if spec.stream else None,
-            deadline=deadline,
-            max_attempts=spec.max_retries + 1,
-            on_retry=None if recorder is None else _retry_recorder(recorder),
-        )
-    except Exception as exc:
-        if recorder is not None:
-            recorder.request_failed(
-                len(members), exc, seconds=anyio.current_time() - started, reask=reask
-            )
-        if not streamed:
-            raise  # nobody was answered: every caller gets the provider's own error
-        # The reply broke mid-stream: keep what arrived, ask again for the rest.
-        completion = Completion(
-            text="", finish_reason="length", seconds=anyio.current_time() - started
-        )
-    else:
-        if recorder is not None:
-            recorder.request_finished(
-                len(members),
-                completion.usage,
-                shared_input_tokens=spec.shared_tokens,
-                ttft=completion.ttft,
-                seconds=completion.seconds,
-                reask=reask,
-            )
-    if spec.planner is not None:
-        spec.planner.learn(completion, len(members), jobs[indexes[0]].partition)
-    failures = _final_outcomes(spec, packed.ids, completion, splitter if streamed else None)
-    return _settle_failures(spec, jobs, by_id, failures, resolve, completion, deadline)
-
-
-def _retry_recorder(recorder: PromptRecorder) -> Callable[[RetryEvent], None]:
-    def record(event: RetryEvent) -> None:
-        recorder.retried(event.attempt, event.wait, event.error)
-
-    return record
-
-
-def _expected_length(job: _Job) -> float:
-    """Sort key: expected output size when planning, else the input's length."""
-    if job.plan is not None:
-        return job.plan.output_tokens * 1e6 + len(job.key)
-    return len(job.key)
-
-
-def _final_outcomes(
-    spec: _Spec,
-    ids: Sequence[str],
-    completion: Completion,
-    splitter: StreamSplitter[Any] | None,
-) -> dict[str, Any]:
-    """Per id, a validated value or an :class:`ItemFailure`, once the reply is complete."""
-    outcomes: dict[str, Any] = {}
-    if splitter is not None:
-        for event in splitter.close(truncated=completion.truncated):
-            if isinstance(event, Failed):
-                outcomes[event.id] = event.failure
-        return outcomes
-    split = split_reply(completion.text, ids, spec.validate, truncated=completion.truncated)
-    outcomes.update(split.values)
-    outcomes.update(split.failures)
-    return outcomes
-
-
-def _settle_failures(
-    spec: _Spec,
-    jobs: list[_Job],
-    by_id: Mapping[str, list[int]],
-    outcomes: Mapping[str, Any],
-    resolve: Callable[[str, Any], None],
-    completion: Completion,
-    deadline: float,
-) -> list[int]:
-    """Resolve values, give up on exhausted or late failures, return ids to re-ask."""
-    reask: list[int] = []
-    now = anyio.current_time()
-    # A re-ask takes about as long as this request did; start one only if it fits.
-    time_left = deadline - now
-    took = completion.seconds or 0.0
-    for item_id, outcome in outcomes.items():
-        indexes = [i for i in by_id.get(item_id, ()) if not jobs[i].done]
-        if not indexes:
-            continue
-        if not isinstance(outcome, ItemFailure):
-            resolve(item_id, outcome)
-            continue
-        attempts = jobs[indexes[0]].attempts
-        if attempts < spec.max_attempts and took <= time_left:
-            reask.extend(indexes)
-        else:
-            resolve(item_id, _error(item_id, outcome, attempts, spec))
-    return sorted(reask)
-
-
-def _error(item_id: str, failure: ItemFailure, attempts: int, spec: _Spec) -> ItemError:
-    error = failure_error(item_id, failure, attempts=attempts)
-    if failure.kind is FailureKind.INVALID and spec.max_attempts > attempts:
-        error.args = (f"{error.args[0]}; no time left in the latency budget to ask again",)
-    return error
 
 
 class PromptFunction(Generic[P, Out]):
@@ -405,7 +145,7 @@ class PromptFunction(Generic[P, Out]):
     def __init__(
         self,
         fn: Callable[P, Awaitable[Any]],
-        spec: _Spec,
+        spec: Spec,
         batcher: _PromptBatcher,
         partition: Callable[..., Hashable] | None,
         latency_budget: float | None,
@@ -427,7 +167,7 @@ class PromptFunction(Generic[P, Out]):
             budget = self._budget
         deadline = now + (budget if budget is not None else math.inf)
         partition = self._partition(*args, **kwargs) if self._partition is not None else None
-        job = _Job(item=item, key=key, deadline=deadline, partition=partition)
+        job = Job(item=item, key=key, deadline=deadline, partition=partition)
         planning = self._spec.planner
         if planning is not None:
             job.plan = planning.plan_item(item, partition, deadline, now)
@@ -603,7 +343,7 @@ def _decorate(
         raise ConfigurationError(
             f"latency_prior must be a coalesce.LatencyPrior, got {latency_prior!r}"
         )
-    spec = _Spec(
+    spec = Spec(
         name=fn.__qualname__,
         provider=as_provider(client),
         model=model,
@@ -643,11 +383,11 @@ def _decorate(
 
 
 def _with_planner(
-    spec: _Spec,
+    spec: Spec,
     batch_options: Mapping[str, Any],
     output_prior: int | None,
     latency_prior: LatencyPrior | None,
-) -> _Spec:
+) -> Spec:
     """Attach a budget planner: token estimates, a learned latency model, limits."""
     limits = PlanLimits(
         max_items=batch_options["max_items"],
@@ -655,13 +395,13 @@ def _with_planner(
         shared_tokens=spec.shared_tokens,
         max_output_tokens=spec.max_output_tokens,
     )
-    planning = _Planning(
+    planning = Planning(
         spec.model, limits, output_prior or DEFAULT_EXPECTED_OUTPUT_TOKENS, latency_prior
     )
     return dataclasses.replace(spec, planner=planning)
 
 
-def _job_partition(job: _Job) -> Hashable:
+def _job_partition(job: Job) -> Hashable:
     return job.partition
 
 
