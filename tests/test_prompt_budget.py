@@ -94,3 +94,53 @@ async def test_per_call_budget_override() -> None:
         coalesce.latency_budget(-1),
     ):
         pass
+
+
+async def _grouped_under(rate_limits: Any) -> tuple[float, int]:
+    profile = LatencyProfile(ttft=0.35, prompt_token_seconds=0.0001, tokens_per_second=80)
+    sim = SimulatedProvider(
+        latency=LatencyModel(default=profile), output_tokens=20, rate_limits=rate_limits
+    )
+
+    @coalesce.prompt(
+        client=sim.openai_client(max_retries=0),
+        model="gpt-4o-mini",
+        latency_budget=20.0,
+        max_wait=0.05,
+        max_items=64,
+        max_retries=8,
+    )
+    async def tag(ticket: str) -> Tag:
+        """Tag the support ticket."""
+
+    async with anyio.create_task_group() as tg:
+        for n in range(150):
+            tg.start_soon(tag, f"ticket {n}")
+            await anyio.sleep(0.05)
+    await tag.aclose()
+    return tag.batcher_statistics().mean_batch_size, sim.statistics().rate_limited
+
+
+async def test_when_requests_per_minute_bind_groups_grow_within_budget() -> None:
+    from coalesce.testing import RateLimit
+
+    free_size, _ = await _grouped_under(None)
+    bound_size, refused = await _grouped_under(RateLimit(requests_per_minute=40))
+    assert bound_size > 2 * free_size, (free_size, bound_size)
+    assert refused <= 3
+
+
+def test_a_reask_is_refused_when_tokens_bind_and_it_cannot_be_on_time() -> None:
+    from coalesce._group import Planning
+    from coalesce._planner import PlanItem, PlanLimits
+
+    planning = Planning("gpt-4", PlanLimits(max_items=8, shared_tokens=300), 20, None)
+    item = PlanItem(input_tokens=30, output_tokens=20, deadline=10.0, arrival=0.0)
+    assert planning.may_reask([item], deadline=10.0, now=0.0)  # no quota known yet
+    for n in range(5):  # a pace that spends the token quota before it resets
+        planning._sent.append((n * 0.1, 5000))
+    planning.heard(
+        {"x-ratelimit-remaining-tokens": "100", "x-ratelimit-reset-tokens": "30s"}, now=0.5
+    )
+    assert not planning.may_reask([item], deadline=10.0, now=0.5)
+    assert planning.may_reask([item], deadline=60.0, now=0.5)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +22,16 @@ from ._jsonstream import Failed, Resolved, StreamSplitter
 from ._latency import LatencyModel, LatencyPrior
 from ._outcomes import FailureKind, ItemFailure, failure_error
 from ._packing import pack_request, split_reply
-from ._planner import PlanItem, PlanLimits
+from ._planner import (
+    Pace,
+    PlanItem,
+    PlanLimits,
+    RateLimitState,
+    allow_reask,
+    group_tokens,
+    pack_more,
+    parse_rate_limit_headers,
+)
 from ._prompt_stats import PromptRecorder
 from ._retry import RetryEvent, complete_with_retries
 from ._tokens import OutputTokenRegistry, count_json_tokens, estimator_for
@@ -70,26 +80,38 @@ class Spec:
 
 
 class Planning:
-    """What the budget planner learns and knows about one decorated function."""
+    """What the budget planner learns and knows about one decorated function.
+
+    ``limits`` is what the planner applies now: the configured limits, with
+    ``max_items`` held back by the slow start and ``max_wait`` stretched while the
+    provider's request quota is the binding one (see :func:`~coalesce._planner.pack_more`).
+    """
 
     def __init__(
         self, spec_model: str, limits: PlanLimits, output_prior: int, prior: LatencyPrior | None
     ) -> None:
         self.estimator = estimator_for(spec_model)
         self.latency = LatencyModel(prior)
-        self.max_items = limits.max_items
+        self.configured = limits
         self.outputs = OutputTokenRegistry(default_prior=output_prior)
         # Slow start: a group may be at most twice the largest one measured so far,
         # so a prediction never extrapolates far beyond what the model has seen.
         self.largest = 1
-        self.limits = dataclasses.replace(limits, max_items=min(SLOW_START, self.max_items))
+        self.quota = RateLimitState()
+        self._sent: deque[tuple[float, int]] = deque(maxlen=64)  # (time, tokens) per request
+        self.limits = self._current_limits(0.0)
 
-    def _grow(self, items: int) -> None:
-        if items > self.largest:
-            self.largest = items
-            allowed = min(max(SLOW_START, 2 * items), self.max_items)
-            if allowed > self.limits.max_items:
-                self.limits = dataclasses.replace(self.limits, max_items=allowed)
+    def _current_limits(self, now: float) -> PlanLimits:
+        allowed = min(max(SLOW_START, 2 * self.largest), self.configured.max_items)
+        limits = dataclasses.replace(self.configured, max_items=allowed)
+        return pack_more(self.quota, limits, self.pace(now), now)
+
+    def pace(self, now: float) -> Pace:
+        """Requests per second and tokens per request over the recent requests."""
+        if len(self._sent) < 2:
+            return Pace(0.0, 0.0)
+        span = max(now - self._sent[0][0], 1e-3)
+        return Pace(len(self._sent) / span, sum(t for _, t in self._sent) / len(self._sent))
 
     def predict(self, input_tokens: int, output_tokens: int) -> float:
         return self.latency.predict(input_tokens, output_tokens).total
@@ -102,8 +124,21 @@ class Planning:
             arrival=now,
         )
 
-    def learn(self, completion: Completion, items: int, partition: Hashable) -> None:
+    def heard(self, headers: Mapping[str, str], now: float) -> None:
+        """Read the provider's rate-limit headers (of a reply or of a 429)."""
+        state = parse_rate_limit_headers(headers, now)
+        if state.requests is not None or state.tokens is not None:
+            self.quota = RateLimitState(
+                requests=state.requests or self.quota.requests,
+                tokens=state.tokens or self.quota.tokens,
+            )
+            self.limits = self._current_limits(now)
+
+    def learn(self, completion: Completion, items: int, partition: Hashable, now: float) -> None:
         usage = completion.usage
+        if usage is not None:
+            self._sent.append((now, usage.input_tokens + usage.output_tokens))
+        self.heard(completion.headers, now)
         if usage is None or completion.seconds is None or items <= 0:
             return
         self.latency.observe(
@@ -113,9 +148,24 @@ class Planning:
         # output plus the {"id": ..., "output": ...} wrapper the planner adds back.
         overhead = self.limits.per_item_overhead_tokens
         per_item = max(1, round(usage.output_tokens / items) - overhead)
-        self._grow(items)
         for _ in range(items):
             self.outputs.observe(partition, per_item)
+        if items > self.largest:
+            self.largest = items
+            self.limits = self._current_limits(now)
+
+    def may_reask(self, items: Sequence[PlanItem], deadline: float, now: float) -> bool:
+        """When the token quota binds, spend tokens only on re-asks that can be on time."""
+        input_tokens, output_tokens = group_tokens(items, self.limits)
+        return allow_reask(
+            self.quota,
+            self.pace(now),
+            now,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            deadline=deadline,
+            predict=self.predict,
+        )
 
 
 async def run_group(spec: Spec, jobs: list[Job], settle: Callable[[int, Any], None]) -> None:
@@ -191,6 +241,11 @@ async def _ask(
             on_retry=None if recorder is None else _retry_recorder(recorder),
         )
     except Exception as exc:
+        if spec.planner is not None:
+            # A 429 carries the quota that refused us; the SDKs keep the response.
+            headers = getattr(getattr(exc, "response", None), "headers", None)
+            if headers is not None:
+                spec.planner.heard({k.lower(): v for k, v in headers.items()}, anyio.current_time())
         if recorder is not None:
             recorder.request_failed(
                 len(members), exc, seconds=anyio.current_time() - started, reask=reask
@@ -212,7 +267,9 @@ async def _ask(
                 reask=reask,
             )
     if spec.planner is not None:
-        spec.planner.learn(completion, len(members), jobs[indexes[0]].partition)
+        spec.planner.learn(
+            completion, len(members), jobs[indexes[0]].partition, anyio.current_time()
+        )
     failures = _final_outcomes(spec, packed.ids, completion, splitter if streamed else None)
     return _settle_failures(spec, jobs, by_id, failures, resolve, completion, deadline)
 
@@ -277,7 +334,21 @@ def _settle_failures(
             reask.extend(indexes)
         else:
             resolve(item_id, _error(item_id, outcome, attempts, spec))
+    if reask and not _may_reask(spec, [jobs[i].plan for i in reask], deadline, now):
+        # Tokens are the binding quota and this re-ask could not be on time.
+        for item_id, outcome in outcomes.items():
+            for index in by_id.get(item_id, ()):
+                if index in reask and not jobs[index].done:
+                    resolve(item_id, _error(item_id, outcome, jobs[index].attempts, spec))
+        return []
     return sorted(reask)
+
+
+def _may_reask(spec: Spec, plans: list[PlanItem | None], deadline: float, now: float) -> bool:
+    planner = spec.planner
+    if planner is None or any(plan is None for plan in plans):
+        return True
+    return planner.may_reask(plans, deadline, now)  # type: ignore[arg-type]
 
 
 def _error(item_id: str, failure: ItemFailure, attempts: int, spec: Spec) -> ItemError:
