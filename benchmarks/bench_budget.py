@@ -150,6 +150,7 @@ async def run(url: str, arrivals: list[float], **options: Any) -> dict[str, Any]
     assert price is not None
     ordered = sorted(latencies)
     return {
+        "latencies": ordered,
         "p50": statistics.median(ordered),
         "p95": ordered[int(0.95 * (len(ordered) - 1))],
         "p99": ordered[int(0.99 * (len(ordered) - 1))],
@@ -184,7 +185,7 @@ def best_size(rate: float, one_per_item: dict[str, Any]) -> tuple[int, float]:
     return size, ratio
 
 
-async def main(calls: int, rate: float, seed: int) -> None:
+async def main(calls: int, rate: float, seed: int, plot_path: str = "") -> None:
     rng = random.Random(seed)
     arrivals, at = [], 0.0
     for _ in range(calls):
@@ -243,10 +244,39 @@ async def main(calls: int, rate: float, seed: int) -> None:
     print(
         f"Target prompt tokens <= 0.27x one-per-item: {'HOLDS' if ratio <= 0.27 else 'FAILS'} ({ratio:.2f}x)"
     )
+    if plot_path:
+        plot(runs, plot_path)
     print(
         f"Target 90% of the best size's savings (<= {goal:.2f}x):"
         f" {'HOLDS' if ratio <= goal else 'FAILS'} ({ratio:.2f}x)"
     )
+
+
+def plot(runs: dict[str, dict[str, Any]], path: str) -> None:
+    """Latency CDF and prompt tokens per item of each mode, to a PNG (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(matplotlib is not installed: no plot)")
+        return
+    figure, (cdf, tokens) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, r in runs.items():
+        xs = r["latencies"]
+        cdf.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=name)
+    cdf.axvline(BUDGET, color="grey", linestyle="--", label=f"budget {BUDGET:g} s")
+    cdf.set(xlabel="latency (s)", ylabel="share of calls", title="Latency CDF")
+    cdf.legend(loc="lower right", fontsize=8)
+    names = list(runs)
+    per_item = [runs[n]["prompt_tokens"] / len(runs[n]["latencies"]) for n in names]
+    tokens.bar(range(len(names)), per_item, color=["C0", "C1", "C2"])
+    tokens.set_xticks(range(len(names)), [n.replace(", ", ",\n") for n in names], fontsize=8)
+    tokens.set(ylabel="prompt tokens per item", title="Prompt tokens per item")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    print(f"plot written to {path}")
 
 
 if __name__ == "__main__":
@@ -254,6 +284,7 @@ if __name__ == "__main__":
     parser.add_argument("--calls", type=int, default=600)
     parser.add_argument("--rate", type=float, default=100.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--plot", default="", help="write a PNG here (needs matplotlib)")
     args = parser.parse_args()
     warnings.simplefilter("ignore", coalesce.CoalesceWarning)  # offline token counts
-    anyio.run(main, args.calls, args.rate, args.seed)
+    anyio.run(main, args.calls, args.rate, args.seed, args.plot)
