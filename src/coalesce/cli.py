@@ -19,6 +19,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"coalesce {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser(
+        "demo",
+        help="tag 500 support tickets three ways and compare latency and cost",
+        add_help=False,
+    )
+    commands.add_parser(
         "simulate",
         help="serve the simulated LLM provider over HTTP (see docs/testing.md)",
         add_help=False,
@@ -29,6 +34,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``coalesce`` command; returns the process exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "demo":
+        from ._demo import main as demo
+
+        return demo(args[1:])
     if args and args[0] == "simulate":
         from .testing._cli import main as simulate
 

@@ -1,0 +1,345 @@
+"""``coalesce demo``: what coalescing buys and what it costs, in one command.
+
+500 support tickets arrive as a Poisson stream and are tagged (category, sentiment,
+urgency) through ``coalesce.prompt`` with the official openai SDK, three ways side by
+side: one call per item, fixed groups of 20, and coalesced at a latency budget. By
+default the provider is the simulated one, started in its own process and reached
+over real HTTP, so no API key is needed; ``--live`` sends the same run to the real
+provider.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import anyio
+from pydantic import BaseModel
+
+__all__ = ["main"]
+
+TTFT = 0.35
+PREFILL = 0.00005
+TOKENS_PER_SECOND = 80.0
+INSTRUCTIONS = (
+    "You are the triage assistant of a software company's support desk. For each"
+    " ticket, decide the category (billing: invoices, payments, refunds, plans; bug:"
+    " crashes, errors, broken pages, slowness; account: sign-in, passwords, 2FA,"
+    " permissions; other: anything else), the customer's sentiment (their tone, not"
+    " the severity) and the urgency (high when they cannot work or money or data is at"
+    " stake, medium when a workaround exists, low for questions and requests). Judge"
+    " each ticket on its own words only and answer only with the requested fields."
+)
+PROBLEMS = [
+    "I was charged twice for my subscription this month",
+    "the export button crashes the whole app",
+    "I can't log in since I enabled two-factor authentication",
+    "could you add a dark mode?",
+    "the dashboard takes a minute to load",
+    "please update the VAT number on my invoices",
+]
+
+
+class Ticket(BaseModel):
+    """The demo's output type: one tagged support ticket."""
+
+    category: Literal["billing", "bug", "account", "other"]
+    sentiment: Literal["negative", "neutral", "positive"]
+    urgency: Literal["low", "medium", "high"]
+
+
+@dataclass(frozen=True)
+class Result:
+    """One mode's measurements."""
+
+    name: str
+    latencies: list[float]
+    budget: float
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost: float
+    mean_group: float
+
+    def quantile(self, q: float) -> float:
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    @property
+    def within_budget(self) -> float:
+        return sum(t <= self.budget for t in self.latencies) / len(self.latencies)
+
+
+def tickets(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [f"Ticket #{1000 + i}: {rng.choice(PROBLEMS)}." for i in range(n)]
+
+
+def poisson(n: int, rate: float, seed: int) -> list[float]:
+    rng = random.Random(seed)
+    at, out = 0.0, []
+    for _ in range(n):
+        at += rng.expovariate(rate)
+        out.append(at)
+    return out
+
+
+@contextlib.contextmanager
+def simulated_provider() -> Iterator[str]:
+    """``coalesce simulate`` in its own process; yields its base URL."""
+    import httpx
+
+    config = {
+        "latency": {
+            "default": {
+                "ttft": TTFT,
+                "prompt_token_seconds": PREFILL,
+                "tokens_per_second": TOKENS_PER_SECOND,
+            }
+        }
+    }
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as file:
+        json.dump(config, file)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "coalesce", "simulate", "--port", str(port)]
+    server = subprocess.Popen(
+        [*command, "--config", file.name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(400):
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.get(url, timeout=1.0)
+                break
+            time.sleep(0.05)
+        else:
+            raise RuntimeError("the simulated provider did not start")
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+        os.unlink(file.name)
+
+
+async def run_mode(
+    name: str,
+    client: Any,
+    model: str,
+    texts: Sequence[str],
+    arrivals: Sequence[float],
+    budget: float,
+    advance: Callable[[], None],
+    **options: Any,
+) -> tuple[list[float], Any, Any]:
+    """Send every ticket at its arrival time through one ``coalesce.prompt`` function."""
+    import coalesce
+
+    @coalesce.prompt(client=client, model=model, instructions=INSTRUCTIONS, **options)
+    async def tag(ticket: str) -> Ticket:  # type: ignore[empty-body]
+        """(instructions= above)"""
+
+    latencies: list[float] = []
+
+    async def one(text: str) -> None:
+        start = time.perf_counter()
+        await tag(text)
+        latencies.append(time.perf_counter() - start)
+        advance()
+
+    origin = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for text, at in zip(texts, arrivals, strict=True):
+            delay = at - (time.perf_counter() - origin)
+            if delay > 0:
+                await anyio.sleep(delay)
+            tg.start_soon(one, text)
+    await tag.aclose()
+    return latencies, tag.statistics(), tag.batcher_statistics()
+
+
+def modes(budget: float, max_wait: float) -> list[tuple[str, dict[str, Any]]]:
+    from ._latency import LatencyPrior
+
+    return [
+        ("one call per item", {"max_items": 1, "max_wait": 0.0}),
+        ("fixed groups of 20", {"max_items": 20, "max_wait": max_wait}),
+        (
+            f"coalesced, budget {budget:g} s",
+            {
+                "max_items": 64,
+                "max_wait": max_wait,
+                "latency_budget": budget,
+                # What one knows of a hosted model's speed before measuring it.
+                "latency_prior": LatencyPrior(
+                    overhead=0.4, prefill_per_token=1e-4, decode_per_token=1 / 80
+                ),
+            },
+        ),
+    ]
+
+
+def render(results: Sequence[Result]) -> str:
+    """The comparison table, in Markdown."""
+    base = results[0]
+    lines = [
+        "| mode | p50 | p95 | p99 | within budget | requests | items/request | prompt tokens"
+        " | cost (USD) | saved |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        saved = 1 - r.cost / base.cost if base.cost else float("nan")
+        lines.append(
+            f"| {r.name} | {r.quantile(0.5):.2f} s | {r.quantile(0.95):.2f} s"
+            f" | {r.quantile(0.99):.2f} s | {r.within_budget:.1%} | {r.requests}"
+            f" | {r.mean_group:.1f} | {r.prompt_tokens:,} | {r.cost:.4f} | {saved:.0%} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(results: Sequence[Result], path: str) -> bool:
+    """Latency CDF and cost per item, to a PNG; False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    figure, (cdf, cost) = plt.subplots(1, 2, figsize=(11, 4))
+    for r in results:
+        xs = sorted(r.latencies)
+        cdf.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=r.name)
+    cdf.axvline(results[0].budget, color="grey", linestyle="--", label="latency budget")
+    cdf.set(xlabel="latency (s)", ylabel="share of calls", title="Latency CDF")
+    cdf.legend(loc="lower right", fontsize=8)
+    per_item = [1e6 * r.cost / len(r.latencies) for r in results]
+    cost.bar(range(len(results)), per_item, color=["C0", "C1", "C2"])
+    cost.set_xticks(range(len(results)), [r.name.replace(", ", ",\n") for r in results])
+    cost.set(ylabel="USD per million items", title="Cost per item")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    return True
+
+
+async def _demo(args: argparse.Namespace, url: str | None) -> list[Result]:
+    import openai
+
+    from ._pricing import cost, price_for
+
+    texts = tickets(args.items, args.seed)
+    arrivals = poisson(args.items, args.rate, args.seed)
+    price = price_for(args.model)
+    results = []
+    with _progress(3 * args.items) as advance:
+        for name, options in modes(args.budget, args.max_wait):
+            if url is None:
+                client = openai.AsyncOpenAI()
+            else:
+                client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="sk-simulated")
+            async with client:
+                latencies, stats, batches = await run_mode(
+                    name, client, args.model, texts, arrivals, args.budget, advance, **options
+                )
+            total = cost(stats.input_tokens, stats.output_tokens, price) if price else float("nan")
+            results.append(
+                Result(
+                    name,
+                    latencies,
+                    args.budget,
+                    stats.requests,
+                    stats.input_tokens,
+                    stats.output_tokens,
+                    total,
+                    batches.mean_batch_size,
+                )
+            )
+    return results
+
+
+@contextlib.contextmanager
+def _progress(total: int) -> Iterator[Callable[[], None]]:
+    try:
+        from rich.progress import Progress
+    except ImportError:  # a plain counter without rich
+        done = [0]
+
+        def tick() -> None:
+            done[0] += 1
+            if done[0] % 100 == 0 or done[0] == total:
+                print(f"  {done[0]}/{total} calls", file=sys.stderr)
+
+        yield tick
+        return
+    with Progress(transient=True) as progress:
+        task = progress.add_task("tagging tickets", total=total)
+        yield lambda: progress.advance(task)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``coalesce demo``; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="coalesce demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--items", type=int, default=500, help="tickets to tag (500)")
+    parser.add_argument("--rate", type=float, default=100.0, help="arrivals per second (100)")
+    parser.add_argument("--budget", type=float, default=2.0, help="latency budget, s (2.0)")
+    parser.add_argument("--max-wait", type=float, default=0.5, help="longest wait, s (0.5)")
+    parser.add_argument("--model", default="gpt-4o-mini")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--plot", default="coalesce-demo.png", help="PNG to write ('' for none)")
+    parser.add_argument("--live", action="store_true", help="use the real provider (needs a key)")
+    args = parser.parse_args(argv)
+    if args.items < 1 or args.rate <= 0 or args.budget <= 0 or args.max_wait < 0:
+        parser.error("--items, --rate and --budget must be positive, --max-wait >= 0")
+    warnings.simplefilter("ignore", category=_coalesce_warning())  # offline token counts
+    if args.live:
+        if not os.environ.get("OPENAI_API_KEY"):
+            parser.error("--live needs OPENAI_API_KEY in the environment")
+        print(f"Live run against the OpenAI API with {args.model}: this costs money.")
+        results = anyio.run(_demo, args, None)
+    else:
+        with simulated_provider() as url:
+            results = anyio.run(_demo, args, url)
+    _report(args, results)
+    return 0
+
+
+def _coalesce_warning() -> type[Warning]:
+    from ._exceptions import CoalesceWarning
+
+    return CoalesceWarning
+
+
+def _report(args: argparse.Namespace, results: Sequence[Result]) -> None:
+    where = "the OpenAI API" if args.live else "the simulated provider over HTTP"
+    print(
+        f"\n{args.items} support tickets tagged (category, sentiment, urgency), Poisson"
+        f" arrivals at {args.rate:g}/s, {where}, model {args.model}, latency budget"
+        f" {args.budget:g} s\n"
+    )
+    print(render(results))
+    best, base = results[-1], results[0]
+    print(
+        f"\nCoalescing at a {args.budget:g} s budget: {best.within_budget:.1%} of calls within"
+        f" budget (one call per item: {base.within_budget:.1%}; fixed groups of 20:"
+        f" {results[1].within_budget:.1%}), {base.requests / max(best.requests, 1):.1f}x fewer"
+        f" requests, {1 - best.cost / base.cost:.0%} cheaper than one call per item."
+    )
+    if args.plot:
+        if plot(results, args.plot):
+            print(f"Plot: {args.plot}")
+        else:
+            print("(install matplotlib for a plot)")
+    print("What the columns mean: docs/demo.md in the coalesce documentation.")
