@@ -19,17 +19,12 @@ Run: ``python benchmarks/bench_budget.py [--calls 600] [--rate 100] [--seed 1]``
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import random
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 import warnings
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import Any, Literal
 
 import anyio
@@ -38,6 +33,7 @@ import openai
 from pydantic import BaseModel
 
 import coalesce
+from coalesce._demo import simulated_provider
 from coalesce._planner import best_group_size
 from coalesce._pricing import cost, price_for
 from coalesce._tokens import count_tokens
@@ -85,37 +81,17 @@ def tickets(n: int) -> list[str]:
     return [f"Ticket {i}: {problems[i % 3]} since this morning, please help" for i in range(n)]
 
 
-@contextlib.contextmanager
-def simulator() -> Iterator[str]:
-    """``coalesce simulate`` in its own process, so it does not share our CPU time."""
-    config = {
-        "latency": {
-            "default": {
-                "ttft": TTFT,
-                "prompt_token_seconds": PREFILL,
-                "tokens_per_second": TOKENS_PER_SECOND,
-            }
-        },
-        "output_tokens": OUTPUT_TOKENS,
+def simulator() -> AbstractContextManager[str]:
+    """``coalesce simulate`` in its own process (the demo's helper), with this
+    benchmark's latency profile and output length."""
+    latency = {
+        "default": {
+            "ttft": TTFT,
+            "prompt_token_seconds": PREFILL,
+            "tokens_per_second": TOKENS_PER_SECOND,
+        }
     }
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as file:
-        json.dump(config, file)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "coalesce", "simulate", "--port", str(port)]
-    server = subprocess.Popen([*command, "--config", file.name], stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(200):
-            with contextlib.suppress(httpx.HTTPError):
-                httpx.get(url, timeout=1.0)
-                break
-            time.sleep(0.05)
-        yield url
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
+    return simulated_provider(latency=latency, output_tokens=OUTPUT_TOKENS)
 
 
 async def run(url: str, arrivals: list[float], **options: Any) -> dict[str, Any]:

@@ -97,8 +97,9 @@ def poisson(n: int, rate: float, seed: int) -> list[float]:
 
 
 @contextlib.contextmanager
-def simulated_provider() -> Iterator[str]:
-    """``coalesce simulate`` in its own process; yields its base URL."""
+def simulated_provider(**settings: Any) -> Iterator[str]:
+    """``coalesce simulate`` in its own process, so that it does not share the client's
+    CPU time; yields its base URL. ``settings`` add to its configuration file."""
     import httpx
 
     config = {
@@ -108,7 +109,8 @@ def simulated_provider() -> Iterator[str]:
                 "prompt_token_seconds": PREFILL,
                 "tokens_per_second": TOKENS_PER_SECOND,
             }
-        }
+        },
+        **settings,
     }
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as file:
         json.dump(config, file)
