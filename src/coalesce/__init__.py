@@ -37,6 +37,7 @@ from ._prompt_stats import (
     UnmeetableEvent,
 )
 from ._stats import BatcherStatistics
+from ._wrap import CoalescedClient, wrap
 
 try:
     __version__ = version("coalesce")
@@ -53,6 +54,7 @@ __all__ = [
     "CallEvent",
     "CoalesceError",
     "CoalesceWarning",
+    "CoalescedClient",
     "ConfigurationError",
     "DispatchEvent",
     "DispatchReason",
@@ -76,4 +78,5 @@ __all__ = [
     "latency_budget",
     "price_for",
     "prompt",
+    "wrap",
 ]

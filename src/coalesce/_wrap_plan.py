@@ -1,0 +1,349 @@
+"""Pure decisions of :func:`coalesce.wrap`: may a request be coalesced, with which
+others, and what share of a packed request's usage each caller gets.
+
+Nothing here does I/O or imports an SDK: the functions read the keyword arguments of
+``chat.completions.create`` / ``messages.create`` and return plain values.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "BUDGET_HEADER",
+    "SWITCH_HEADER",
+    "Plan",
+    "anthropic_plan",
+    "apportion",
+    "openai_plan",
+    "present",
+    "split_usage",
+]
+
+#: ``extra_headers={"x-coalesce": "off"}`` sends that call alone, untouched.
+SWITCH_HEADER = "x-coalesce"
+#: ``extra_headers={"x-coalesce-budget": "0.5"}`` gives that call a 0.5 s budget.
+BUDGET_HEADER = "x-coalesce-budget"
+
+#: What each item is asked, after the caller's own system text.
+TASK = "Each item's input is one user message; its output is your reply to that message."
+
+_OPENAI_FORWARDED = frozenset(
+    {
+        "temperature",
+        "top_p",
+        "seed",
+        "presence_penalty",
+        "frequency_penalty",
+        "reasoning_effort",
+        "service_tier",
+        "user",
+        "safety_identifier",
+        "prompt_cache_key",
+        "metadata",
+        "store",
+    }
+)
+_OPENAI_HANDLED = frozenset({"model", "messages", "n", "response_format"})
+_OPENAI_CAPS = ("max_completion_tokens", "max_tokens")
+_ANTHROPIC_FORWARDED = frozenset({"temperature", "top_p", "top_k", "metadata", "service_tier"})
+_ANTHROPIC_HANDLED = frozenset(
+    {"model", "messages", "system", "max_tokens", "tools", "tool_choice"}
+)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one compatible request is coalesced.
+
+    Attributes:
+        key: Canonical JSON of everything but the item: requests with equal keys share
+            a prompt.
+        model: The model.
+        instructions: The shared instructions (system text and earlier turns).
+        item: The last user message's text: the item.
+        output_schema: JSON schema of the answer, or ``None`` for plain text.
+        options: Sampling options sent with the packed request.
+        item_cap: The caller's own output-token cap, if any.
+        tool: The forced Anthropic tool whose input is the answer, if any.
+        budget: Seconds this call may wait (from the ``x-coalesce-budget`` header).
+    """
+
+    key: str
+    model: str
+    instructions: str
+    item: str
+    output_schema: Mapping[str, Any] | None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    item_cap: int | None = None
+    tool: str | None = None
+    budget: float | None = None
+
+
+def present(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``kwargs`` without the SDKs' "not given" sentinels (``NOT_GIVEN``, ``omit``).
+
+    Args:
+        kwargs: Keyword arguments of an SDK method.
+    """
+    return {k: v for k, v in kwargs.items() if type(v).__name__ not in ("NotGiven", "Omit")}
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(
+        value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=repr
+    )
+
+
+def overrides(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], str | None, float | None]:
+    """Split the coalesce headers off ``extra_headers``.
+
+    Returns the keyword arguments without them, the switch value (lower case) and the
+    budget in seconds (``None`` when absent or not a positive number).
+
+    Args:
+        kwargs: Keyword arguments of an SDK method.
+    """
+    headers = kwargs.get("extra_headers")
+    if not isinstance(headers, Mapping):
+        return dict(kwargs), None, None
+    rest = {k: v for k, v in headers.items() if k.lower() not in (SWITCH_HEADER, BUDGET_HEADER)}
+    found = {k.lower(): v for k, v in headers.items() if k.lower() not in rest}
+    switch = found.get(SWITCH_HEADER)
+    cleaned = dict(kwargs)
+    if rest:
+        cleaned["extra_headers"] = rest
+    else:
+        del cleaned["extra_headers"]
+    return (
+        cleaned,
+        None if switch is None else str(switch).lower(),
+        _seconds(found.get(BUDGET_HEADER)),
+    )
+
+
+def _seconds(value: Any) -> float | None:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return None
+    return seconds if seconds > 0 else None
+
+
+def _text(content: Any) -> str | None:
+    """A message's content when it is plain text, else ``None``."""
+    return content if isinstance(content, str) else None
+
+
+def _turns(
+    messages: Sequence[Any], system_roles: frozenset[str]
+) -> tuple[list[str], list[str]] | None:
+    """(system texts, rendered earlier turns), or ``None`` when a turn is not plain text."""
+    system: list[str] = []
+    turns: list[str] = []
+    for message in messages:
+        if not isinstance(message, Mapping) or set(message) - {"role", "content", "name"}:
+            return None
+        text, role = _text(message.get("content")), message.get("role")
+        if text is None or role not in system_roles | {"user", "assistant"}:
+            return None
+        if role in system_roles:
+            system.append(text)
+        else:
+            turns.append(f"[{role}] {text}")
+    return system, turns
+
+
+def _instructions(system: Sequence[str], turns: Sequence[str]) -> str:
+    parts = [text for text in system if text.strip()]
+    if turns:
+        parts.append("The conversation so far, before each item's message:\n" + "\n".join(turns))
+    parts.append(TASK)
+    return "\n\n".join(parts)
+
+
+def _last_user(messages: Any) -> tuple[list[Any], str] | None:
+    if not isinstance(messages, list) or not messages:
+        return None
+    last = messages[-1]
+    if (
+        not isinstance(last, Mapping)
+        or last.get("role") != "user"
+        or set(last) - {"role", "content"}
+    ):
+        return None
+    item = _text(last.get("content"))
+    return None if item is None else (messages[:-1], item)
+
+
+def _cap(kwargs: Mapping[str, Any], keys: Sequence[str]) -> tuple[bool, int | None]:
+    """(valid, cap): the per-item output cap, if one is given as a positive int."""
+    for key in keys:
+        value = kwargs.get(key)
+        if value is not None:
+            return (isinstance(value, int) and value > 0), value
+    return True, None
+
+
+def openai_plan(kwargs: Mapping[str, Any], budget: float | None = None) -> Plan | None:
+    """The plan of a ``chat.completions.create`` call, or ``None`` to pass it through.
+
+    Coalesced: one user message to answer (plain text), earlier turns of plain text,
+    no tools, ``n`` of 1, no streaming, ``response_format`` absent, ``text`` or
+    ``json_schema``, and only the sampling options coalesce knows to be per request.
+
+    Args:
+        kwargs: The call's keyword arguments, sentinels and coalesce headers removed.
+        budget: The call's own budget, if it set one.
+    """
+    unknown = set(kwargs) - _OPENAI_FORWARDED - _OPENAI_HANDLED - set(_OPENAI_CAPS)
+    model, split = kwargs.get("model"), _last_user(kwargs.get("messages"))
+    if unknown or not isinstance(model, str) or split is None or kwargs.get("n") not in (None, 1):
+        return None
+    earlier, item = split
+    turns = _turns(earlier, frozenset({"system", "developer"}))
+    valid, cap = _cap(kwargs, _OPENAI_CAPS)
+    schema = _openai_schema(kwargs.get("response_format"))
+    if turns is None or not valid or schema is False:
+        return None
+    output_schema = schema if isinstance(schema, Mapping) else None
+    options = {k: v for k, v in kwargs.items() if k in _OPENAI_FORWARDED}
+    return _plan(model, _instructions(*turns), item, output_schema, options, cap, None, budget)
+
+
+def _openai_schema(value: Any) -> Mapping[str, Any] | bool | None:
+    """The output schema; ``None`` for text; ``False`` for a format not coalesced."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        return False
+    if value.get("type") == "text":
+        return None
+    spec = value.get("json_schema")
+    if value.get("type") == "json_schema" and isinstance(spec, Mapping):
+        schema = spec.get("schema")
+        return schema if isinstance(schema, Mapping) else False
+    return False
+
+
+def anthropic_plan(kwargs: Mapping[str, Any], budget: float | None = None) -> Plan | None:
+    """The plan of a ``messages.create`` call, or ``None`` to pass it through.
+
+    Coalesced: one user message to answer (plain text), earlier turns of plain text, a
+    ``system`` string (or text blocks), no tools except one forced with ``tool_choice``
+    (its ``input_schema`` is the output schema), no streaming or thinking.
+
+    Args:
+        kwargs: The call's keyword arguments, sentinels and coalesce headers removed.
+        budget: The call's own budget, if it set one.
+    """
+    unknown = set(kwargs) - _ANTHROPIC_FORWARDED - _ANTHROPIC_HANDLED
+    model, split = kwargs.get("model"), _last_user(kwargs.get("messages"))
+    system = _anthropic_system(kwargs.get("system"))
+    if unknown or not isinstance(model, str) or split is None or system is None:
+        return None
+    earlier, item = split
+    turns = _turns(earlier, frozenset())
+    valid, cap = _cap(kwargs, ("max_tokens",))
+    tool = _forced_tool(kwargs.get("tools"), kwargs.get("tool_choice"))
+    if turns is None or not valid or tool is False:
+        return None
+    name, schema = tool if isinstance(tool, tuple) else (None, None)
+    options = {k: v for k, v in kwargs.items() if k in _ANTHROPIC_FORWARDED}
+    instructions = _instructions([system, *turns[0]], turns[1])
+    return _plan(model, instructions, item, schema, options, cap, name, budget)
+
+
+def _anthropic_system(value: Any) -> str | None:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(
+        isinstance(b, Mapping) and b.get("type") == "text" and isinstance(b.get("text"), str)
+        for b in value
+    ):
+        return "\n\n".join(b["text"] for b in value)
+    return None
+
+
+def _forced_tool(tools: Any, choice: Any) -> tuple[str, Mapping[str, Any]] | bool | None:
+    """(name, input schema) of a forced tool; ``None`` for no tools; ``False`` otherwise."""
+    if tools is None and choice is None:
+        return None
+    if (
+        not isinstance(tools, list)
+        or not isinstance(choice, Mapping)
+        or choice.get("type") != "tool"
+    ):
+        return False
+    named = [t for t in tools if isinstance(t, Mapping) and t.get("name") == choice.get("name")]
+    if len(named) != 1 or not isinstance(named[0].get("input_schema"), Mapping):
+        return False
+    return str(named[0]["name"]), named[0]["input_schema"]
+
+
+def _plan(
+    model: str,
+    instructions: str,
+    item: str,
+    schema: Mapping[str, Any] | None,
+    options: Mapping[str, Any],
+    cap: int | None,
+    tool: str | None,
+    budget: float | None,
+) -> Plan:
+    key = _canonical([model, instructions, schema, dict(options), cap, tool])
+    return Plan(key, model, instructions, item, schema, options, cap, tool, budget)
+
+
+def apportion(total: int, weights: Sequence[float]) -> list[int]:
+    """Split ``total`` in proportion to ``weights``; the parts sum to ``total`` exactly.
+
+    Largest remainders get the leftover units; zero or negative weights everywhere
+    split evenly.
+
+    Args:
+        total: What to split (non-negative).
+        weights: One weight per part.
+    """
+    if not weights:
+        return []
+    positive = [max(0.0, w) for w in weights]
+    scale = sum(positive)
+    if scale <= 0:
+        positive, scale = [1.0] * len(weights), float(len(weights))
+    exact = [total * w / scale for w in positive]
+    parts = [int(x) for x in exact]
+    order = sorted(range(len(exact)), key=lambda i: parts[i] - exact[i])
+    for i in order[: total - sum(parts)]:
+        parts[i] += 1
+    return parts
+
+
+def split_usage(
+    prompt_tokens: int,
+    completion_tokens: int,
+    own_inputs: Sequence[int],
+    own_outputs: Sequence[int],
+) -> list[tuple[int, int]]:
+    """Each item's (prompt, completion) tokens of one packed request.
+
+    The prompt's shared part (what is not any item's own input) is split evenly, each
+    item's own input is its own; completion tokens go by each answer's size. Both sum
+    to the request's totals.
+
+    Args:
+        prompt_tokens: The request's prompt tokens.
+        completion_tokens: The request's completion tokens.
+        own_inputs: Estimated tokens of each item's input.
+        own_outputs: Estimated tokens of each item's answer (0 if it had none).
+    """
+    count = len(own_inputs)
+    shared = max(0, prompt_tokens - sum(own_inputs))
+    prompts = apportion(prompt_tokens, [own * count + shared for own in own_inputs])
+    completions = apportion(completion_tokens, [own + 1 for own in own_outputs])
+    return list(zip(prompts, completions, strict=True))

@@ -1,0 +1,490 @@
+"""``coalesce.wrap(client)``: pure compatibility and usage decisions, then the wrapped
+official SDK clients against the simulated provider, in process (virtual time) and
+over real HTTP."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anthropic
+import anyio
+import openai
+import pytest
+from anthropic.types import Message
+from openai.types.chat import ChatCompletion
+
+import coalesce
+from coalesce._wrap import wrap
+from coalesce._wrap_plan import anthropic_plan, apportion, openai_plan, overrides, split_usage
+from coalesce.testing import FaultPlan, SimulatedProvider
+
+TEXT = {"type": "string"}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "label": {"type": "string", "enum": ["spam", "ham"]},
+        "score": {"type": "integer"},
+    },
+    "required": ["label", "score"],
+    "additionalProperties": False,
+}
+SYSTEM = {"role": "system", "content": "Answer briefly."}
+
+
+def chat(text: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": "gpt-4o-mini",
+        "messages": [SYSTEM, {"role": "user", "content": text}],
+        **extra,
+    }
+
+
+def msg(text: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": "claude-3-5-haiku",
+        "max_tokens": 200,
+        "messages": [{"role": "user", "content": text}],
+        **extra,
+    }
+
+
+# -- pure decisions -------------------------------------------------------------------
+
+
+def test_openai_plan_item_and_key() -> None:
+    a, b = openai_plan(chat("hello")), openai_plan(chat("bye"))
+    assert a is not None
+    assert b is not None
+    assert (a.item, b.item) == ("hello", "bye")
+    assert a.key == b.key
+    assert "Answer briefly." in a.instructions
+    assert a.output_schema is None
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        {"model": "gpt-4o"},
+        {"temperature": 0.3},
+        {"messages": [{"role": "system", "content": "Other."}, {"role": "user", "content": "x"}]},
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "s", "schema": SCHEMA},
+            }
+        },
+        {"max_tokens": 10},
+    ],
+)
+def test_openai_key_separates(changed: dict[str, Any]) -> None:
+    base, other = openai_plan(chat("x")), openai_plan({**chat("x"), **changed})
+    assert base is not None
+    assert other is not None
+    assert base.key != other.key
+
+
+def test_earlier_turns_go_into_the_instructions() -> None:
+    messages = [
+        SYSTEM,
+        {"role": "user", "content": "My name is Ada."},
+        {"role": "assistant", "content": "Hello Ada."},
+        {"role": "user", "content": "What is my name?"},
+    ]
+    plan = openai_plan({"model": "m", "messages": messages})
+    assert plan is not None
+    assert plan.item == "What is my name?"
+    assert "[user] My name is Ada." in plan.instructions
+    assert "[assistant] Hello Ada." in plan.instructions
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+        {"tool_choice": "auto"},
+        {"n": 2},
+        {"stream": True},
+        {"logprobs": True},
+        {"stop": ["\n"]},
+        {"response_format": {"type": "json_object"}},
+        {"max_tokens": 0},
+        {"extra_body": {"x": 1}},
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]},
+        {"messages": [SYSTEM, {"role": "assistant", "content": "last"}]},
+        {
+            "messages": [
+                {"role": "tool", "content": "r", "tool_call_id": "1"},
+                {"role": "user", "content": "x"},
+            ]
+        },
+        {"messages": []},
+    ],
+)
+def test_openai_passthrough(extra: dict[str, Any]) -> None:
+    assert openai_plan({**chat("x"), **extra}) is None
+
+
+def test_openai_json_schema_is_the_output_schema() -> None:
+    rf = {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}}
+    plan = openai_plan(chat("x", response_format=rf, n=1, temperature=0))
+    assert plan is not None
+    assert plan.output_schema == SCHEMA
+    assert plan.options == {"temperature": 0}
+
+
+def test_anthropic_plan() -> None:
+    plan = anthropic_plan(msg("hi", system=[{"type": "text", "text": "Be kind."}], temperature=0))
+    assert plan is not None
+    assert (plan.item, plan.item_cap, plan.tool) == ("hi", 200, None)
+    assert plan.instructions.startswith("Be kind.")
+    forced = anthropic_plan(
+        msg(
+            "hi",
+            tools=[{"name": "out", "input_schema": SCHEMA}],
+            tool_choice={"type": "tool", "name": "out"},
+        )
+    )
+    assert forced is not None
+    assert (forced.tool, forced.output_schema) == ("out", SCHEMA)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"tools": [{"name": "out", "input_schema": SCHEMA}]},
+        {"tools": [{"name": "out", "input_schema": SCHEMA}], "tool_choice": {"type": "auto"}},
+        {
+            "tools": [{"name": "a", "input_schema": SCHEMA}],
+            "tool_choice": {"type": "tool", "name": "b"},
+        },
+        {"stream": True},
+        {"thinking": {"type": "enabled", "budget_tokens": 1024}},
+        {"stop_sequences": ["x"]},
+        {"system": [{"type": "image"}]},
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]},
+    ],
+)
+def test_anthropic_passthrough(extra: dict[str, Any]) -> None:
+    assert anthropic_plan({**msg("x"), **extra}) is None
+
+
+def test_overrides_strip_coalesce_headers() -> None:
+    kwargs = {"model": "m", "extra_headers": {"X-Coalesce-Budget": "0.5", "x-other": "1"}}
+    cleaned, switch, budget = overrides(kwargs)
+    assert cleaned == {"model": "m", "extra_headers": {"x-other": "1"}}
+    assert (switch, budget) == (None, 0.5)
+    cleaned, switch, budget = overrides({"model": "m", "extra_headers": {"x-coalesce": "OFF"}})
+    assert (cleaned, switch, budget) == ({"model": "m"}, "off", None)
+    assert overrides({"model": "m"}) == ({"model": "m"}, None, None)
+
+
+def test_apportion_sums_exactly() -> None:
+    assert apportion(10, [1, 1, 1]) == [4, 3, 3]
+    assert apportion(7, [0, 0]) == [4, 3]
+    assert apportion(0, [5, 1]) == [0, 0]
+    assert apportion(5, []) == []
+    assert sum(apportion(1001, [3, 7, 11, 13])) == 1001
+
+
+def test_split_usage_shares_the_common_prompt() -> None:
+    parts = split_usage(100, 30, own_inputs=[10, 30], own_outputs=[5, 0])
+    assert sum(p for p, _ in parts) == 100
+    assert sum(c for _, c in parts) == 30
+    # Shared part 60 split evenly: 30 + 10 and 30 + 30.
+    assert [p for p, _ in parts] == [40, 60]
+    assert parts[0][1] > parts[1][1]
+
+
+def test_wrap_rejects_other_clients() -> None:
+    with pytest.raises(coalesce.ConfigurationError):
+        wrap(object())
+
+
+# -- in process, virtual time ---------------------------------------------------------
+
+
+async def gather(n: int, call: Any) -> list[Any]:
+    out: list[Any] = [None] * n
+
+    async def one(i: int) -> None:
+        out[i] = await call(i)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(n):
+            tg.start_soon(one, i)
+    return out
+
+
+@pytest.mark.anyio
+async def test_openai_typed_own_answers_and_usage() -> None:
+    sim = SimulatedProvider()
+    async with wrap(sim.openai_client(max_retries=0), max_items=5) as client:
+        replies = await gather(12, lambda i: client.chat.completions.create(**chat(f"q{i}")))
+    assert len(sim.requests) == 3
+    for i, reply in enumerate(replies):
+        assert isinstance(reply, ChatCompletion)
+        assert reply.choices[0].message.content == sim.expected_output(f"q{i}", TEXT)
+        assert reply.choices[0].finish_reason == "stop"
+        assert reply.id.startswith("chatcmpl-")
+        assert reply.model == "gpt-4o-mini"
+        assert reply.usage is not None
+        assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+    stats = sim.statistics()
+    assert sum(r.usage.prompt_tokens for r in replies) == stats.prompt_tokens
+    assert sum(r.usage.completion_tokens for r in replies) == stats.completion_tokens
+    assert len({r.id for r in replies}) == 12
+
+
+@pytest.mark.anyio
+async def test_openai_json_schema() -> None:
+    sim = SimulatedProvider()
+    rf = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": SCHEMA}}
+    async with wrap(sim.openai_client(max_retries=0), max_items=4) as client:
+        # An explicit stream=False and the SDK's "not given" sentinel still coalesce.
+        replies = await gather(
+            8,
+            lambda i: client.chat.completions.create(
+                **chat(f"mail {i}", response_format=rf, stream=False, seed=openai.NOT_GIVEN)
+            ),
+        )
+    assert len(sim.requests) == 2
+    for i, reply in enumerate(replies):
+        content = reply.choices[0].message.content
+        assert ChatCompletion.model_validate(reply.model_dump()) == reply
+        assert content is not None
+        assert json.loads(content) == sim.expected_output(f"mail {i}", SCHEMA)
+
+
+@pytest.mark.anyio
+async def test_anthropic_text_and_forced_tool() -> None:
+    sim = SimulatedProvider()
+    tool = {
+        "tools": [{"name": "verdict", "input_schema": SCHEMA}],
+        "tool_choice": {"type": "tool", "name": "verdict"},
+    }
+    async with wrap(sim.anthropic_client(max_retries=0), max_items=6) as client:
+        texts = await gather(
+            6, lambda i: client.messages.create(**msg(f"t{i}", system="Be brief."))
+        )
+        tools = await gather(6, lambda i: client.messages.create(**msg(f"t{i}", **tool)))
+    assert len(sim.requests) == 2
+    for i, (text, used) in enumerate(zip(texts, tools, strict=True)):
+        assert isinstance(text, Message)
+        assert isinstance(used, Message)
+        assert text.content[0].type == "text"
+        assert text.content[0].text == sim.expected_output(f"t{i}", TEXT)
+        assert text.stop_reason == "end_turn"
+        assert used.content[0].type == "tool_use"
+        assert used.content[0].name == "verdict"
+        assert used.content[0].input == sim.expected_output(f"t{i}", SCHEMA)
+        assert used.stop_reason == "tool_use"
+        assert text.id.startswith("msg_")
+    stats = sim.statistics()
+    everyone = texts + tools
+    assert sum(m.usage.input_tokens for m in everyone) == stats.prompt_tokens
+    assert sum(m.usage.output_tokens for m in everyone) == stats.completion_tokens
+
+
+class _Spy:
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.calls: list[dict[str, Any]] = []
+
+    async def __call__(self, **kwargs: Any) -> Any:
+        self.calls.append(kwargs)
+        return await self.real(**kwargs)
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "f", "parameters": {"type": "object", "properties": {}}},
+    }
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("extra", "sent"),
+    [
+        ({"tools": TOOLS}, {"tools": TOOLS}),
+        ({"n": 2}, {"n": 2}),
+        ({"extra_headers": {"x-coalesce": "off"}}, {}),
+        (
+            {"extra_headers": {"x-coalesce": "off", "x-mine": "1"}},
+            {"extra_headers": {"x-mine": "1"}},
+        ),
+    ],
+)
+async def test_openai_passthrough_reaches_the_real_client(
+    extra: dict[str, Any], sent: dict[str, Any]
+) -> None:
+    sim = SimulatedProvider()
+    raw = sim.openai_client(max_retries=0)
+    spy = _Spy(raw.chat.completions.create)
+    raw.chat.completions.create = spy  # type: ignore[method-assign]
+    async with wrap(raw) as client:
+        reply = await client.chat.completions.create(**chat("hello", **extra))
+    assert spy.calls == [chat("hello", **sent)]
+    assert isinstance(reply, ChatCompletion)
+    assert len(sim.requests) == 1
+
+
+@pytest.mark.anyio
+async def test_anthropic_passthrough_and_other_attributes() -> None:
+    sim = SimulatedProvider()
+    raw = sim.anthropic_client(max_retries=0)
+    spy = _Spy(raw.messages.create)
+    raw.messages.create = spy  # type: ignore[method-assign]
+    async with wrap(raw) as client:
+        assert client.base_url == raw.base_url
+        assert client.messages.with_raw_response is not None
+        kwargs = msg("x", stop_sequences=["\n\n"])
+        reply = await client.messages.create(**kwargs)
+        coalesced = await client.messages.create(**msg("y"))
+    assert spy.calls == [kwargs]
+    assert isinstance(reply, Message)
+    assert isinstance(coalesced, Message)
+
+
+@pytest.mark.anyio
+async def test_budget_header_and_context_manager() -> None:
+    sim = SimulatedProvider()
+    kwargs: dict[str, Any] = {"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}
+    async with wrap(sim.openai_client(max_retries=0), max_wait=5.0, latency_budget=30.0) as client:
+
+        async def took(**extra: Any) -> float:
+            start = anyio.current_time()
+            reply = await client.chat.completions.create(**kwargs, **extra)
+            assert reply.choices[0].message.content == sim.expected_output("x", TEXT)
+            return anyio.current_time() - start
+
+        assert await took() > 5.0  # a lone call waits out max_wait for company
+        assert await took(extra_headers={"x-coalesce-budget": "0.5"}) < 1.0
+        with coalesce.latency_budget(0.5):
+            assert await took() < 1.0
+    assert len(sim.requests) == 3
+
+
+@pytest.mark.anyio
+async def test_sdk_exceptions_reach_the_callers() -> None:
+    sim = SimulatedProvider()
+    sim.inject("server_error")
+    async with wrap(sim.openai_client(max_retries=0), max_items=3) as client:
+        with pytest.raises(openai.InternalServerError):
+            await client.chat.completions.create(**chat("x"))
+        with pytest.raises(openai.BadRequestError):
+            await client.chat.completions.create(**{**chat("x"), "model": ""})
+    sim.inject("rate_limit")
+    async with wrap(sim.anthropic_client(max_retries=0)) as aclient:
+        with pytest.raises(anthropic.RateLimitError):
+            await aclient.messages.create(**msg("x"))
+
+
+@pytest.mark.anyio
+async def test_sdk_retries_become_coalesce_retries() -> None:
+    sim = SimulatedProvider()
+    sim.inject("server_error", "unavailable")
+    async with wrap(sim.openai_client(max_retries=2)) as client:
+        reply = await client.chat.completions.create(**chat("x"))
+    assert reply.choices[0].message.content == sim.expected_output("x", TEXT)
+    assert len(sim.requests) == 3
+
+
+@pytest.mark.anyio
+async def test_300_concurrent_calls_make_at_most_30_requests() -> None:
+    sim = SimulatedProvider()
+    async with wrap(sim.openai_client(max_retries=0), max_items=20) as client:
+        replies = await gather(300, lambda i: client.chat.completions.create(**chat(f"item {i}")))
+    assert len(sim.requests) <= 30
+    assert [r.choices[0].message.content for r in replies] == [
+        sim.expected_output(f"item {i}", TEXT) for i in range(300)
+    ]
+
+
+async def settle_all(n: int, call: Any) -> list[Any]:
+    """Like :func:`gather`, with each caller's exception in its place."""
+
+    async def guarded(i: int) -> Any:
+        try:
+            return await call(i)
+        except Exception as exc:
+            return exc
+
+    return await gather(n, guarded)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("sdk", ["openai", "anthropic"])
+async def test_injected_faults_never_give_a_wrong_answer(sdk: str) -> None:
+    chances = {"missing_item": 0.1, "duplicate_id": 0.1, "out_of_order": 0.1, "truncate": 0.2}
+    sim = SimulatedProvider(faults=FaultPlan(probabilities=chances, seed=5))
+    if sdk == "openai":
+        client: Any = wrap(sim.openai_client(max_retries=0), max_items=20)
+        replies = await settle_all(200, lambda i: client.chat.completions.create(**chat(f"n{i}")))
+        answers = [r if isinstance(r, Exception) else r.choices[0].message.content for r in replies]
+    else:
+        client = wrap(sim.anthropic_client(max_retries=0), max_items=20)
+        replies = await settle_all(200, lambda i: client.messages.create(**msg(f"n{i}")))
+        answers = [r if isinstance(r, Exception) else r.content[0].text for r in replies]
+    await client.aclose()
+    assert sim.statistics().faults > 0
+    wrong = [
+        i
+        for i, answer in enumerate(answers)
+        if not isinstance(answer, coalesce.ItemError)
+        and answer != sim.expected_output(f"n{i}", TEXT)
+    ]
+    assert wrong == []
+    # A re-asked item meets the same odds again: rarely, one runs out of attempts.
+    assert sum(isinstance(a, Exception) for a in answers) <= 2
+
+
+# -- over real HTTP -------------------------------------------------------------------
+
+
+class TestOverHTTP:
+    @pytest.fixture
+    def anyio_backend(self, real_time_backend: Any) -> Any:
+        return real_time_backend
+
+    @pytest.mark.anyio
+    async def test_openai(self) -> None:
+        sim = SimulatedProvider(time_scale=0.001)
+        async with sim.serve_async() as url:
+            raw = sim.openai_client(url, max_retries=0)
+            async with wrap(raw, max_items=20, max_wait=0.05) as client:
+                replies = await gather(
+                    60, lambda i: client.chat.completions.create(**chat(f"h{i}"))
+                )
+                passed = await client.chat.completions.create(**chat("p", n=2))
+                sim.inject("server_error")
+                with pytest.raises(openai.InternalServerError):
+                    await client.chat.completions.create(**chat("boom"))
+        assert all(isinstance(r, ChatCompletion) for r in replies)
+        assert [r.choices[0].message.content for r in replies] == [
+            sim.expected_output(f"h{i}", TEXT) for i in range(60)
+        ]
+        assert isinstance(passed, ChatCompletion)
+        coalesced = [r for r in sim.requests if r.items > 1]
+        assert sum(r.items for r in coalesced) <= 60
+        assert sum(x.usage.prompt_tokens for x in replies) == sum(
+            r.prompt_tokens for r in coalesced
+        )
+
+    @pytest.mark.anyio
+    async def test_anthropic(self) -> None:
+        sim = SimulatedProvider(time_scale=0.001)
+        async with (
+            sim.serve_async() as url,
+            wrap(sim.anthropic_client(url, max_retries=0), max_items=10) as client,
+        ):
+            replies = await gather(20, lambda i: client.messages.create(**msg(f"a{i}")))
+            sim.inject("rate_limit")
+            with pytest.raises(anthropic.RateLimitError):
+                await client.messages.create(**msg("boom"))
+        assert [r.content[0].text for r in replies] == [
+            sim.expected_output(f"a{i}", TEXT) for i in range(20)
+        ]
+        assert all(isinstance(r, Message) for r in replies)
