@@ -25,7 +25,7 @@ from typing import Any, TypeVar, cast
 import anyio
 
 from ._batcher import _Window
-from ._group import Job, Spec, run_group
+from ._group import Job, Spec
 from ._latency import LatencyPrior
 from ._packing import pack_request
 from ._prompt import (
@@ -179,19 +179,11 @@ class _WrapBatcher(_PromptBatcher):
     """A prompt batcher that opens a ledger for each group it runs."""
 
     async def _invoke(self, window: _Window) -> Any:
-        jobs: list[Job] = window.items
-
-        def settle(job_index: int, outcome: Any) -> None:
-            job = jobs[job_index]
-            job.outcome, job.done = outcome, True
-            self._deliver_one(window, job_index, outcome)
-
-        token = _ledger.set(_Ledger(jobs, self._spec.model))
+        token = _ledger.set(_Ledger(window.items, self._spec.model))
         try:
-            await run_group(self._spec, jobs, settle)
+            return await super()._invoke(window)
         finally:
             _ledger.reset(token)
-        return [job.outcome for job in jobs]
 
 
 @dataclass(frozen=True)
