@@ -144,3 +144,36 @@ def test_a_reask_is_refused_when_tokens_bind_and_it_cannot_be_on_time() -> None:
     )
     assert not planning.may_reask([item], deadline=10.0, now=0.5)
     assert planning.may_reask([item], deadline=60.0, now=0.5)
+
+
+async def test_a_custom_token_estimator_and_wait_times_in_statistics() -> None:
+    counted: list[str] = []
+
+    class Words:
+        def count(self, text: str) -> int:
+            counted.append(text)
+            return len(text.split())
+
+    sim = provider()
+
+    @coalesce.prompt(
+        client=sim.openai_client(max_retries=0),
+        model="gpt-4o-mini",
+        latency_budget=5.0,
+        max_wait=0.25,
+        token_estimator=Words(),
+    )
+    async def tag(ticket: str) -> Tag:
+        """Tag the support ticket."""
+
+    await tag("the app crashes")
+    assert any("the app crashes" in text for text in counted)
+    stats = tag.statistics()
+    assert stats.wait_p50 == pytest.approx(0.25)
+    with pytest.raises(coalesce.ConfigurationError, match="token_estimator"):
+
+        @coalesce.prompt(
+            client=sim.openai_client(), model="m", latency_budget=1.0, token_estimator=object()
+        )
+        async def bad(ticket: str) -> Tag:
+            """Tag."""

@@ -37,6 +37,7 @@ from ._prompt_stats import (
     UnmeetableEvent,
 )
 from ._stats import BatcherStatistics
+from ._tokens import CharacterEstimator, TiktokenEstimator, TokenEstimator
 from ._wrap import CoalescedClient, wrap
 
 try:
@@ -52,6 +53,7 @@ __all__ = [
     "BatcherClosedError",
     "BatcherStatistics",
     "CallEvent",
+    "CharacterEstimator",
     "CoalesceError",
     "CoalesceWarning",
     "CoalescedClient",
@@ -71,6 +73,8 @@ __all__ = [
     "RequestEvent",
     "ResultCountError",
     "RetryEvent",
+    "TiktokenEstimator",
+    "TokenEstimator",
     "TruncatedOutputError",
     "UnmeetableEvent",
     "__version__",

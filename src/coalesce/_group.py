@@ -34,7 +34,7 @@ from ._planner import (
 )
 from ._prompt_stats import PromptRecorder
 from ._retry import RetryEvent, complete_with_retries
-from ._tokens import OutputTokenRegistry, count_json_tokens, estimator_for
+from ._tokens import OutputTokenRegistry, TokenEstimator, count_json_tokens, estimator_for
 from .providers import Completion, CompletionRequest, Provider
 
 __all__ = ["Job", "Planning", "Spec", "run_group"]
@@ -56,6 +56,7 @@ class Job:
     attempts: int = 0
     outcome: Any = None
     done: bool = False
+    dispatched_at: float | None = None  # when its group was handed to the provider
 
 
 @dataclass(frozen=True)
@@ -88,9 +89,14 @@ class Planning:
     """
 
     def __init__(
-        self, spec_model: str, limits: PlanLimits, output_prior: int, prior: LatencyPrior | None
+        self,
+        spec_model: str,
+        limits: PlanLimits,
+        output_prior: int,
+        prior: LatencyPrior | None,
+        estimator: TokenEstimator | None = None,
     ) -> None:
-        self.estimator = estimator_for(spec_model)
+        self.estimator = estimator or estimator_for(spec_model)
         self.latency = LatencyModel(prior)
         self.configured = limits
         self.outputs = OutputTokenRegistry(default_prior=output_prior)

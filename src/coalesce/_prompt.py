@@ -37,7 +37,7 @@ from ._policy import DispatchReason
 from ._pricing import Price
 from ._prompt_stats import EventHook, PromptRecorder, PromptStatistics
 from ._stats import BatcherStatistics
-from ._tokens import estimator_for
+from ._tokens import TokenEstimator, estimator_for
 from ._validate import check_callable, check_int, check_seconds
 
 __all__ = ["PromptFunction", "latency_budget", "prompt"]
@@ -122,6 +122,9 @@ class _PromptBatcher(Batcher[Job, Any]):
 
     async def _invoke(self, window: _Window) -> Any:
         jobs: list[Job] = window.items
+        started = anyio.current_time()
+        for job in jobs:
+            job.dispatched_at = started
 
         def settle(job_index: int, outcome: Any) -> None:
             job = jobs[job_index]
@@ -174,12 +177,13 @@ class PromptFunction(Generic[P, Out]):
         recorder = self._spec.recorder
         if recorder is None:
             return await self._batcher(job)  # type: ignore[no-any-return]
+        ok = False
         try:
             result = await self._batcher(job)
-        except Exception:
-            recorder.call_finished(anyio.current_time() - now, budget=budget, ok=False)
-            raise
-        recorder.call_finished(anyio.current_time() - now, budget=budget, ok=True)
+            ok = True
+        finally:
+            wait = None if job.dispatched_at is None else job.dispatched_at - now
+            recorder.call_finished(anyio.current_time() - now, wait=wait, budget=budget, ok=ok)
         return result  # type: ignore[no-any-return]
 
     async def _item(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -231,6 +235,7 @@ def prompt(
     dedupe: bool = False,
     expected_output_tokens: int | None = None,
     latency_prior: LatencyPrior | None = None,
+    token_estimator: TokenEstimator | None = None,
     prices: Price | Mapping[str, Price] | None = None,
     on_event: EventHook | None = None,
     **request_options: Any,
@@ -270,6 +275,9 @@ def prompt(
         latency_prior: What the planner assumes of the provider's speed before it has
             measured it (:class:`~coalesce.LatencyPrior`; default: conservative for
             hosted models). Declare it when you know the provider.
+        token_estimator: Counts input tokens for the planner (anything with
+            ``count(text) -> int``; default: tiktoken in the model's encoding, offline
+            fallbacks included).
         prices: A :class:`~coalesce.Price` for ``model``, or a table consulted before
             the defaults, for the estimated cost in :meth:`PromptFunction.statistics`.
         on_event: Called with each call, request, dispatch and retry event.
@@ -295,6 +303,7 @@ def prompt(
         "dedupe": dedupe,
         "expected_output_tokens": expected_output_tokens,
         "latency_prior": latency_prior,
+        "token_estimator": token_estimator,
         "prices": prices,
         "on_event": on_event,
         **request_options,
@@ -339,6 +348,11 @@ def _decorate(
         "expected_output_tokens", options.pop("expected_output_tokens", None), optional=True
     )
     latency_prior = options.pop("latency_prior", None)
+    estimator = options.pop("token_estimator", None)
+    if estimator is not None and not callable(getattr(estimator, "count", None)):
+        raise ConfigurationError(
+            f"token_estimator must have a count(text) -> int method, got {estimator!r}"
+        )
     if latency_prior is not None and not isinstance(latency_prior, LatencyPrior):
         raise ConfigurationError(
             f"latency_prior must be a coalesce.LatencyPrior, got {latency_prior!r}"
@@ -372,10 +386,10 @@ def _decorate(
             prices=options.pop("prices", None),
             on_event=options.pop("on_event", None),
         ),
-        shared_tokens=estimator_for(model).count(system),
+        shared_tokens=(estimator or estimator_for(model)).count(system),
     )
     if budget is not None:
-        spec = _with_planner(spec, batch_options, output_prior, latency_prior)
+        spec = _with_planner(spec, batch_options, output_prior, latency_prior, estimator)
     if partition is not None:
         batch_options["partition"] = _job_partition
     batcher = _PromptBatcher(spec, **batch_options)
@@ -387,6 +401,7 @@ def _with_planner(
     batch_options: Mapping[str, Any],
     output_prior: int | None,
     latency_prior: LatencyPrior | None,
+    estimator: TokenEstimator | None = None,
 ) -> Spec:
     """Attach a budget planner: token estimates, a learned latency model, limits."""
     limits = PlanLimits(
@@ -396,7 +411,7 @@ def _with_planner(
         max_output_tokens=spec.max_output_tokens,
     )
     planning = Planning(
-        spec.model, limits, output_prior or DEFAULT_EXPECTED_OUTPUT_TOKENS, latency_prior
+        spec.model, limits, output_prior or DEFAULT_EXPECTED_OUTPUT_TOKENS, latency_prior, estimator
     )
     return dataclasses.replace(spec, planner=planning)
 
