@@ -22,7 +22,6 @@ import argparse
 import json
 import random
 import statistics
-import time
 import warnings
 from contextlib import AbstractContextManager
 from typing import Any, Literal
@@ -33,7 +32,7 @@ import openai
 from pydantic import BaseModel
 
 import coalesce
-from coalesce._demo import simulated_provider
+from coalesce._demo import run_mode, simulated_provider
 from coalesce._planner import best_group_size
 from coalesce._pricing import cost, price_for
 from coalesce._tokens import count_tokens
@@ -98,28 +97,15 @@ async def run(url: str, arrivals: list[float], **options: Any) -> dict[str, Any]
     async with httpx.AsyncClient(base_url=url) as http:
         await http.post("/_sim/reset")
     async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="sk-sim", timeout=30.0) as client:
-
-        @coalesce.prompt(client=client, model=MODEL, instructions=INSTRUCTIONS, **options)
-        async def triage(ticket: str) -> Triage:
-            """(instructions= above)"""
-
-        latencies: list[float] = []
-        items = tickets(len(arrivals))
-
-        async def one(ticket: str) -> None:
-            start = time.perf_counter()
-            await triage(ticket)
-            latencies.append(time.perf_counter() - start)
-
-        origin = time.perf_counter()
-        async with anyio.create_task_group() as tg:
-            for ticket, at in zip(items, arrivals, strict=True):
-                delay = at - (time.perf_counter() - origin)
-                if delay > 0:
-                    await anyio.sleep(delay)
-                tg.start_soon(one, ticket)
-        await triage.aclose()
-        batches = triage.batcher_statistics()
+        latencies, _stats, batches = await run_mode(
+            client,
+            MODEL,
+            tickets(len(arrivals)),
+            arrivals,
+            instructions=INSTRUCTIONS,
+            output_type=Triage,
+            **options,
+        )
     async with httpx.AsyncClient(base_url=url) as http:
         totals = (await http.get("/_sim/stats")).json()["totals"]
     price = price_for(MODEL)

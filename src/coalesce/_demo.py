@@ -138,27 +138,33 @@ def simulated_provider(**settings: Any) -> Iterator[str]:
 
 
 async def run_mode(
-    name: str,
     client: Any,
     model: str,
     texts: Sequence[str],
     arrivals: Sequence[float],
-    budget: float,
-    advance: Callable[[], None],
+    *,
+    advance: Callable[[], None] = lambda: None,
+    instructions: str = INSTRUCTIONS,
+    output_type: Any = Ticket,
     **options: Any,
 ) -> tuple[list[float], Any, Any]:
-    """Send every ticket at its arrival time through one ``coalesce.prompt`` function."""
+    """Send each text at its arrival time through one ``coalesce.prompt`` function.
+
+    Returns:
+        Each call's latency, the function's ``statistics()`` and its batcher's.
+    """
     import coalesce
 
-    @coalesce.prompt(client=client, model=model, instructions=INSTRUCTIONS, **options)
-    async def tag(ticket: str) -> Ticket:  # type: ignore[empty-body]
+    async def tag(ticket: str) -> Any:
         """(instructions= above)"""
 
+    tag.__annotations__["return"] = output_type
+    answer = coalesce.prompt(client=client, model=model, instructions=instructions, **options)(tag)
     latencies: list[float] = []
 
     async def one(text: str) -> None:
         start = time.perf_counter()
-        await tag(text)
+        await answer(text)
         latencies.append(time.perf_counter() - start)
         advance()
 
@@ -169,8 +175,8 @@ async def run_mode(
             if delay > 0:
                 await anyio.sleep(delay)
             tg.start_soon(one, text)
-    await tag.aclose()
-    return latencies, tag.statistics(), tag.batcher_statistics()
+    await answer.aclose()
+    return latencies, answer.statistics(), answer.batcher_statistics()
 
 
 def modes(budget: float, max_wait: float) -> list[tuple[str, dict[str, Any]]]:
@@ -254,7 +260,7 @@ async def _demo(args: argparse.Namespace, url: str | None) -> list[Result]:
                 client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="sk-simulated")
             async with client:
                 latencies, stats, batches = await run_mode(
-                    name, client, args.model, texts, arrivals, args.budget, advance, **options
+                    client, args.model, texts, arrivals, advance=advance, **options
                 )
             total = cost(stats.input_tokens, stats.output_tokens, price) if price else float("nan")
             results.append(
