@@ -65,7 +65,14 @@ INSTRUCTIONS = (
     " 'other', 'low' and 'neutral'. Never invent details that the ticket does not"
     " contain, never address the customer, and never add explanations: answer only"
     " with the requested fields, exactly as specified by the output format, for"
-    " every ticket in the request."
+    " every ticket in the request. Product names you may meet: the web dashboard, the"
+    " mobile apps for iOS and Android, the public REST API, the command-line tool, the"
+    " data export service and the single sign-on connector; a ticket about any of them"
+    " that reports wrong behaviour is a 'bug' unless it concerns access ('account') or"
+    " money ('billing'). Messages forwarded by a colleague are judged by the original"
+    " customer's words. Security reports,"
+    " such as a suspected leak of passwords or of personal data, are always 'account'"
+    " and 'high', whatever their tone."
 )
 
 
@@ -142,6 +149,7 @@ def best_size(rate: float, one_per_item: dict[str, Any]) -> tuple[int, float]:
         item_input_tokens=item_in - 10,
         item_output_tokens=max(1, round(output_per_item) - 10),
         predict=lambda i, o: TTFT + PREFILL * i + o / TOKENS_PER_SECOND,
+        streaming=True,  # coalesce.prompt streams: each caller is answered as its item is written
     )
     ratio = (shared + size * item_in) / (size * (shared + item_in))
     return size, ratio

@@ -5,11 +5,13 @@ Hand-built items, limits and quotas; no event loop, no clock.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 from collections.abc import Sequence
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coalesce._exceptions import ConfigurationError
@@ -30,6 +32,7 @@ from coalesce._planner import (
     due,
     due_at,
     full_after_add,
+    latest_start,
     group_tokens,
     pack_more,
     parse_go_duration,
@@ -173,6 +176,74 @@ def test_streaming_order_puts_short_answers_first_and_is_stable() -> None:
     items = [item(out=30), item(out=10), item(out=30), item(out=5), item(out=10)]
     assert streaming_order(items) == [3, 1, 4, 0, 2]
     assert streaming_order([]) == []
+    # Deadlines that every order meets change nothing.
+    far = [item(out=o, deadline=100.0) for o in (30, 10, 30, 5, 10)]
+    assert streaming_order(far, STREAMING, PREDICT, 0.0) == [3, 1, 4, 0, 2]
+
+
+STREAMING = dataclasses.replace(LIMITS, streaming=True)
+
+
+def test_a_long_item_goes_first_only_when_its_deadline_needs_it() -> None:
+    # inputs 100 + 3 * 60 = 280 -> 0.528 s to the first token; 0.02 s per output token.
+    long, short = item(out=90), item(out=10)
+    # Last, the long item is answered at 0.528 + 0.02 * (20 + 20 + 100) = 3.328 s.
+    relaxed = [dataclasses.replace(long, deadline=3.4), short, short]
+    assert streaming_order(relaxed, STREAMING, PREDICT, 0.0) == [1, 2, 0]
+    # Due by 2.6 s it must go first (answered at 2.528 s); the short ones then wait.
+    urgent = [dataclasses.replace(long, deadline=2.6), short, short]
+    assert streaming_order(urgent, STREAMING, PREDICT, 0.0) == [0, 1, 2]
+    assert latest_start(urgent, STREAMING, PREDICT) == pytest.approx(2.6 - 2.528)
+    # Without streaming everyone waits for the whole reply, 3.328 s.
+    assert latest_start(urgent, LIMITS, PREDICT) == pytest.approx(2.6 - 3.328)
+
+
+def test_streaming_lets_a_group_grow_past_what_a_whole_reply_allows() -> None:
+    # 340 input tokens: 0.534 s to the first token, then 1 s per member (50 tokens).
+    # The whole reply (4.534 s) is too late for the first, due at 2 s; written one by
+    # one, they are answered at 1.534, 2.534, 3.534 and 4.534 s: all on time.
+    window = [item(out=40, deadline=2.0 + 1.1 * k) for k in range(3)]
+    new = item(out=40, deadline=10.0)
+    assert admit(window, new, LIMITS, PREDICT, 0.0).dispatch_first is DispatchReason.DEADLINE
+    assert admit(window, new, STREAMING, PREDICT, 0.0).dispatch_first is None
+    assert due(window + [new], STREAMING, PREDICT).at == pytest.approx(
+        min(2.0 + 1.1 * k - (0.534 + (k + 1)) for k in range(3))
+    )
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 300), st.one_of(st.just(math.inf), st.floats(0.5, 12.0))),
+        min_size=1,
+        max_size=5,
+    ),
+    st.floats(0.0, 2.0),
+)
+def test_streaming_order_is_on_time_whenever_some_order_is_and_then_answers_soonest(
+    raw: list[tuple[int, float]], start: float
+) -> None:
+    group = [PlanItem(50, out, deadline, 0.0) for out, deadline in raw]
+    inputs, _ = group_tokens(group, STREAMING)
+
+    def finishes(order: Sequence[int]) -> list[float]:
+        written, times = 0, [0.0] * len(group)
+        for index in order:
+            written += group[index].output_tokens + STREAMING.per_item_overhead_tokens
+            times[index] = start + PREDICT(inputs, written)
+        return times
+
+    def on_time(order: Sequence[int]) -> bool:
+        return all(t <= m.deadline + 1e-9 for t, m in zip(finishes(order), group, strict=True))
+
+    ours = streaming_order(group, STREAMING, PREDICT, start)
+    assert sorted(ours) == list(range(len(group)))
+    feasible = [p for p in itertools.permutations(range(len(group))) if on_time(p)]
+    assert on_time(ours) == bool(feasible)
+    assert (latest_start(group, STREAMING, PREDICT) >= start - 1e-9) == bool(feasible)
+    if feasible:
+        best = min(sum(finishes(p)) for p in feasible)
+        assert sum(finishes(ours)) <= best + 1e-6
 
 
 # -- properties -----------------------------------------------------------------------
@@ -193,7 +264,23 @@ limits_strategy = st.builds(
     shared_tokens=st.integers(0, 500),
     context_window=st.one_of(st.none(), st.integers(2000, 20000)),
     max_output_tokens=st.one_of(st.none(), st.integers(300, 2000)),
+    streaming=st.booleans(),
 )
+
+
+def answered_at(group: Sequence[PlanItem], at: float, limits: PlanLimits) -> list[float]:
+    """When each member is predicted to be answered, the request sent at ``at``: all at
+    the end, or, streaming, each once the outputs before and including its own are
+    written in :func:`streaming_order`."""
+    inputs, outputs = group_tokens(group, limits)
+    if not limits.streaming:
+        return [at + PREDICT(inputs, outputs)] * len(group)
+    finish = [0.0] * len(group)
+    written = 0
+    for index in streaming_order(group, limits, PREDICT, at):
+        written += group[index].output_tokens + limits.per_item_overhead_tokens
+        finish[index] = at + PREDICT(inputs, written)
+    return finish
 
 
 def simulate(
@@ -234,12 +321,13 @@ def test_only_solo_requests_are_predicted_to_miss_a_deadline(
     sent = simulate(raw, limits)
     assert sum(len(group) for group, _, _ in sent) == len(raw)
     for group, at, solo in sent:
-        finish = at + PREDICT(*group_tokens(group, limits))
+        finishes = answered_at(group, at, limits)
         if solo:
             assert len(group) == 1
-            assert finish > group[0].deadline
+            assert finishes[0] > group[0].deadline
         else:
-            assert finish <= min(i.deadline for i in group) + 1e-9
+            for member, finish in zip(group, finishes, strict=True):
+                assert finish <= member.deadline + 1e-9
             assert at <= min(i.arrival for i in group) + limits.max_wait + 1e-9
             assert len(group) <= limits.max_items
 
@@ -250,9 +338,9 @@ def test_due_at_is_never_later_than_any_deadline_minus_the_prediction(
 ) -> None:
     window = [PlanItem(i, o, gap + budget, gap) for i, o, gap, budget in raw]
     due = due_at(window, limits, PREDICT)
-    predicted = PREDICT(*group_tokens(window, limits))
-    for member in window:
-        assert due <= member.deadline - predicted
+    for member, finish in zip(window, answered_at(window, due, limits), strict=True):
+        if math.isfinite(due):
+            assert finish <= member.deadline + 1e-9
         assert due <= member.arrival + limits.max_wait
 
 
@@ -452,6 +540,18 @@ def test_best_group_size_by_hand() -> None:
     assert size(100.0) == 64  # capped by max_items
     assert size(100.0, max_wait=0.05) == 6  # at most 1 + 100/s * 0.05 s arrive in max_wait
     assert size(100.0, arrival_rate=math.inf, max_wait=0.0) == 64  # a burst
+
+
+def test_best_group_size_when_streaming_by_hand() -> None:
+    # Streamed, the last member (arrived last, at dispatch) is answered last:
+    # 0.5 + 1e-4 * (500 + 50k) + 0.01 * 20k = 0.55 + 0.205k; the first, who waited
+    # (k - 1) / 100 s, is answered 0.2 s after the first token: the last binds.
+    def last(k: int) -> float:
+        return 0.5 + 1e-4 * (500 + 50 * k) + 0.01 * 20 * k
+
+    assert size(last(7), streaming=True) == 7
+    assert size(last(7) - 1e-6, streaming=True) == 6
+    assert size(last(7), streaming=False) < 7  # a whole reply makes everyone wait
     with pytest.raises(ConfigurationError):
         size(1.0, arrival_rate=0.0)
 

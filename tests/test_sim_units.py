@@ -336,7 +336,13 @@ def test_cut_and_split() -> None:
     text = "one two three four five six seven"
     assert count_text(cut_to_tokens(text, 3, count_text)) <= 3
     assert "".join(split_pieces(text, max_pieces=3)) == text
-    assert len(split_pieces(text, max_pieces=3)) == 3
+    assert len(split_pieces(text, max_pieces=3, min_words=1)) == 3
+    assert split_pieces(text, max_pieces=64) == ["one two three four", " five six seven"]
+    # Compact JSON has no spaces but still streams in pieces.
+    compact = '{"results":[{"id":"0","output":"a"}]}'
+    pieces = split_pieces(compact, min_words=2)
+    assert "".join(pieces) == compact
+    assert pieces[:3] == ['{"', 'results"', ':[']
     assert split_pieces("") == []
 
 

@@ -9,12 +9,15 @@ import shutil
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Annotated, Any, Literal
 
+import pydantic
 import pytest
 import tiktoken
 import tiktoken.load
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import Field
 
 from coalesce import _tokens
 from coalesce._exceptions import CoalesceWarning, ConfigurationError
@@ -27,6 +30,7 @@ from coalesce._tokens import (
     OutputTokenTracker,
     TiktokenEstimator,
     TokenEstimator,
+    bounded_output_tokens,
     count_json_tokens,
     count_tokens,
     encoding_name_for,
@@ -335,3 +339,41 @@ def test_window_quantile_empty_and_invalid() -> None:
     assert math.isnan(WindowQuantile(3).quantile(0.5))
     with pytest.raises(ConfigurationError, match="window"):
         WindowQuantile(0)
+
+
+# -- bounded outputs ------------------------------------------------------------------
+
+
+class _Verdict(pydantic.BaseModel):
+    label: Literal["spam", "not spam"]
+    sure: bool
+    severity: Literal[1, 2, 3] | None = None
+
+
+class _Tree(pydantic.BaseModel):
+    label: Literal["a"]
+    children: list[_Tree]
+
+
+def test_a_bounded_output_is_its_longest_answer_in_compact_json() -> None:
+    counter = CharacterEstimator()
+    schema = pydantic.TypeAdapter(_Verdict).json_schema()  # enums, a bool, a union, $defs-free
+    longest = json.dumps(
+        {"label": "not spam", "sure": False, "severity": None}, separators=(",", ":")
+    )
+    assert bounded_output_tokens(schema, counter) == counter.count(longest)
+    # Lists of them are bounded by maxItems; $ref into $defs resolves.
+    pair = pydantic.TypeAdapter(Annotated[list[_Verdict], Field(max_length=2)]).json_schema()
+    assert "$defs" in pair
+    assert bounded_output_tokens(pair, counter) == counter.count(f"[{longest},{longest}]")
+    assert bounded_output_tokens({"type": "boolean"}, counter) == counter.count("false")
+
+
+@pytest.mark.parametrize(
+    "output",
+    [str, int, float, list[_Verdict], dict[str, bool], _Tree],
+    ids=["str", "int", "float", "unbounded list", "free map", "recursive"],
+)
+def test_free_outputs_have_no_bound(output: Any) -> None:
+    schema = pydantic.TypeAdapter(output).json_schema()
+    assert bounded_output_tokens(schema, CharacterEstimator()) is None

@@ -31,6 +31,7 @@ from ._planner import (
     group_tokens,
     pack_more,
     parse_rate_limit_headers,
+    streaming_order,
 )
 from ._prompt_stats import PromptRecorder
 from ._retry import RetryEvent, complete_with_retries
@@ -111,6 +112,13 @@ class Planning:
         allowed = min(max(SLOW_START, 2 * self.largest), self.configured.max_items)
         limits = dataclasses.replace(self.configured, max_items=allowed)
         return pack_more(self.quota, limits, self.pace(now), now)
+
+    def whole_replies(self) -> None:
+        """The provider answered a streamed request in one piece: from now on, every
+        member of a group is predicted to wait for the whole reply."""
+        if self.configured.streaming:
+            self.configured = dataclasses.replace(self.configured, streaming=False)
+            self.limits = dataclasses.replace(self.limits, streaming=False)
 
     def pace(self, now: float) -> Pace:
         """Requests per second and tokens per request over the recent requests."""
@@ -196,9 +204,7 @@ async def _ask(
     for index in indexes:
         key = jobs[index].key if spec.dedupe else str(index)
         slots.setdefault(key, []).append(index)
-    # Short inputs first: their answers are usually short too, so with streaming the
-    # split hands them back before the model writes the long ones.
-    members = sorted(slots.values(), key=lambda group: _expected_length(jobs[group[0]]))
+    members = _writing_order(spec, jobs, list(slots.values()))
     packed = pack_request(
         spec.instructions,
         [jobs[group[0]].item for group in members],
@@ -273,6 +279,8 @@ async def _ask(
                 reask=reask,
             )
     if spec.planner is not None:
+        if spec.stream and completion.text and (not streamed or completion.ttft is None):
+            spec.planner.whole_replies()  # the reply came in one piece: no streaming here
         spec.planner.learn(
             completion, len(members), jobs[indexes[0]].partition, anyio.current_time()
         )
@@ -287,11 +295,25 @@ def _retry_recorder(recorder: PromptRecorder) -> Callable[[RetryEvent], None]:
     return record
 
 
-def _expected_length(job: Job) -> float:
-    """Sort key: expected output size when planning, else the input's length."""
-    if job.plan is not None:
-        return job.plan.output_tokens * 1e6 + len(job.key)
-    return len(job.key)
+def _writing_order(spec: Spec, jobs: list[Job], slots: list[list[int]]) -> list[list[int]]:
+    """The order to ask for ``slots`` (job indexes sharing one item) in.
+
+    Short answers first, so that with streaming the split hands them back before the
+    model writes the long ones; when planning, as far as deadlines allow (see
+    :func:`~coalesce._planner.streaming_order`). Without a planner, short inputs first:
+    their answers are usually short too.
+    """
+    planning = spec.planner
+    plans = [jobs[slot[0]].plan for slot in slots]
+    if planning is None or any(plan is None for plan in plans):
+        return sorted(slots, key=lambda slot: len(jobs[slot[0]].key))
+    items = [
+        dataclasses.replace(plan, deadline=min(jobs[index].deadline for index in slot))
+        for plan, slot in zip(plans, slots, strict=True)
+        if plan is not None
+    ]
+    order = streaming_order(items, planning.limits, planning.predict, anyio.current_time())
+    return [slots[index] for index in order]
 
 
 def _final_outcomes(

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import datetime
 import email.utils
+import heapq
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -55,6 +56,7 @@ __all__ = [
     "due_at",
     "full_after_add",
     "group_tokens",
+    "latest_start",
     "pack_more",
     "parse_go_duration",
     "parse_rate_limit_headers",
@@ -105,6 +107,11 @@ class PlanLimits:
             each side: ``{"id": "7", "input": ...}`` in the prompt and
             ``{"id": "7", "output": ...}`` in the reply, about 10 tokens each with
             OpenAI's tokenizers (ids are short decimal strings).
+        streaming: Whether the reply is streamed and split as it arrives, so that
+            each member is answered as soon as its own output is complete: a member's
+            finish is then predicted from the outputs written up to and including its
+            own, in the order :func:`streaming_order` gives. Without streaming every
+            member waits for the whole reply.
 
     Raises:
         ConfigurationError: If a limit is out of range.
@@ -116,6 +123,7 @@ class PlanLimits:
     context_window: int | None = None
     max_output_tokens: int | None = None
     per_item_overhead_tokens: int = 10
+    streaming: bool = False
 
     def __post_init__(self) -> None:
         if self.max_items < 1:
@@ -180,6 +188,43 @@ def _finish(items: Sequence[PlanItem], limits: PlanLimits, predict: Predict) -> 
     return predict(*group_tokens(items, limits))
 
 
+def latest_start(items: Sequence[PlanItem], limits: PlanLimits, predict: Predict) -> float:
+    """Return the latest time the request packing ``items`` may start so that every
+    member is predicted to be answered by its deadline (``math.inf`` if none has one).
+
+    Without streaming every member waits for the whole reply:
+    ``min(deadlines) - predict(group)``. With streaming, a member is answered when its
+    own output is complete; ordering the members by deadline (earliest first) gives the
+    latest start of any order, ``min_j(deadline_j - predict(inputs, outputs up to j))``,
+    and :func:`streaming_order` finds an order that meets it.
+
+    Args:
+        items: The members of one request.
+        limits: The group limits.
+        predict: Predicted duration of one request.
+    """
+    if not items:
+        return math.inf
+    earliest = min(item.deadline for item in items)
+    if math.isinf(earliest):
+        return math.inf
+    if not limits.streaming:
+        return earliest - _finish(items, limits, predict)
+    inputs, _ = group_tokens(items, limits)
+    written = 0
+    latest = math.inf
+    for item in sorted(items, key=_by_deadline):
+        written += item.output_tokens + limits.per_item_overhead_tokens
+        if math.isinf(item.deadline):
+            break  # the rest have no deadline either
+        latest = min(latest, item.deadline - predict(inputs, written))
+    return latest
+
+
+def _by_deadline(item: PlanItem) -> tuple[float, int]:
+    return item.deadline, item.output_tokens
+
+
 def admit(
     window: Sequence[PlanItem],
     new: PlanItem,
@@ -192,9 +237,9 @@ def admit(
     ``new`` goes alone at once (``solo``) if even alone it is predicted to miss its
     deadline: waiting for company could only make it later. Otherwise the non-empty
     window is dispatched first if it is full, if adding ``new`` would break a token
-    limit (:attr:`DispatchReason.TOKENS`), or if the group with ``new`` would be predicted
-    to finish after the earliest deadline among its members
-    (:attr:`DispatchReason.DEADLINE`). An empty window always takes the item.
+    limit (:attr:`DispatchReason.TOKENS`), or if, sent now with ``new``, some member
+    would be predicted to be answered after its deadline (:attr:`DispatchReason.DEADLINE`;
+    see :func:`latest_start`). An empty window always takes the item.
 
     Args:
         window: The items already in the open window.
@@ -212,7 +257,7 @@ def admit(
     group = [*window, new]
     if _over_tokens(group_tokens(group, limits), limits, reached=False):
         return Admission(DispatchReason.TOKENS, solo=False)
-    if now + _finish(group, limits, predict) > min(item.deadline for item in group):
+    if latest_start(group, limits, predict) < now:
         return Admission(DispatchReason.DEADLINE, solo=False)
     return Admission(None, solo=False)
 
@@ -247,10 +292,10 @@ class Due(NamedTuple):
 def due(window: Sequence[PlanItem], limits: PlanLimits, predict: Predict) -> Due:
     """Return the latest time the window may be dispatched, and why then.
 
-    ``min(opened + max_wait, min(deadlines) - predict(group))``, where ``opened`` is the
-    earliest arrival: later, either an item would have waited longer than ``max_wait``
-    or the group's request would be predicted to finish after some member's deadline.
-    An empty window is never due (``math.inf``).
+    ``min(opened + max_wait, latest_start(group))``, where ``opened`` is the earliest
+    arrival: later, either an item would have waited longer than ``max_wait`` or some
+    member would be predicted to be answered after its deadline (see
+    :func:`latest_start`). An empty window is never due (``math.inf``).
 
     Args:
         window: The items in the window.
@@ -260,7 +305,7 @@ def due(window: Sequence[PlanItem], limits: PlanLimits, predict: Predict) -> Due
     if not window:
         return Due(math.inf, DispatchReason.WINDOW)
     waited = min(item.arrival for item in window) + limits.max_wait
-    latest = min(item.deadline for item in window) - _finish(window, limits, predict)
+    latest = latest_start(window, limits, predict)
     if waited <= latest:
         return Due(waited, DispatchReason.WINDOW)
     return Due(latest, DispatchReason.DEADLINE)
@@ -277,16 +322,54 @@ def due_at(window: Sequence[PlanItem], limits: PlanLimits, predict: Predict) -> 
     return due(window, limits, predict).at
 
 
-def streaming_order(items: Sequence[PlanItem]) -> list[int]:
-    """Return the indices of ``items``, shortest expected output first (stable).
+def streaming_order(
+    items: Sequence[PlanItem],
+    limits: PlanLimits | None = None,
+    predict: Predict | None = None,
+    start: float = 0.0,
+) -> list[int]:
+    """Return the indices of ``items`` in the order the model should write them.
 
-    The model writes the items in prompt order; with the streaming split, putting the
-    short answers first hands them back before the long ones are written.
+    Short expected outputs first, so the streaming split hands them back before the long
+    ones are written, as far as deadlines allow: a long item whose deadline is near goes
+    before shorter ones that can wait. The order is built from the back: the last place
+    goes to the longest item that would still be on time there, finishing with
+    everything before it written (Smith's rule); if none would, to the item with the
+    latest deadline. If any order meets every deadline, this one does, and among those
+    it answers the members soonest on average. Without deadlines (or without ``limits``
+    and ``predict``) it is a stable sort by expected output.
 
     Args:
         items: The members of one request.
+        limits: The group limits (for the per-item overhead and the shared tokens).
+        predict: Predicted duration of one request.
+        start: When the request starts (same clock as the deadlines).
     """
-    return sorted(range(len(items)), key=lambda index: items[index].output_tokens)
+    order = sorted(range(len(items)), key=lambda index: items[index].output_tokens)
+    if limits is None or predict is None or all(math.isinf(item.deadline) for item in items):
+        return order
+    inputs, _ = group_tokens(items, limits)
+    overhead = limits.per_item_overhead_tokens
+    written = sum(item.output_tokens + overhead for item in items)
+    # Latest deadline first; an item becomes a candidate for the current last place once
+    # it would be on time there (later places finish later, so it stays one).
+    by_deadline = sorted(range(len(items)), key=lambda index: _by_deadline(items[index]))
+    rank = {index: position for position, index in enumerate(order)}
+    candidates: list[tuple[int, int]] = []  # (-rank, index): the longest first
+    placed: list[int] = []
+    while by_deadline or candidates:
+        finish = start + predict(inputs, written)
+        while by_deadline and items[by_deadline[-1]].deadline >= finish:
+            index = by_deadline.pop()
+            heapq.heappush(candidates, (-rank[index], index))
+        if candidates:
+            _, index = heapq.heappop(candidates)
+        else:  # nobody is on time here: the latest deadline misses least
+            index = by_deadline.pop()
+        placed.append(index)
+        written -= items[index].output_tokens + overhead
+    placed.reverse()
+    return placed
 
 
 # -- rate limits -------------------------------------------------------------------
@@ -549,14 +632,17 @@ def best_group_size(
     predict: Predict,
     max_items: int = 64,
     per_item_overhead_tokens: int = 10,
+    streaming: bool = False,
 ) -> int:
-    """Return the largest group size whose first member meets ``budget``; at least 1.
+    """Return the largest group size whose every member meets ``budget``; at least 1.
 
-    A group of ``k`` items arriving at ``arrival_rate`` per second keeps its first
-    member waiting ``(k - 1) / arrival_rate`` for the group to fill; then the request
-    takes ``predict`` of its packed size. A group is never larger than what arrives
-    within ``max_wait`` (the window is dispatched then), nor than ``max_items``. If no
-    size meets the budget, 1: an item is sent alone rather than not at all.
+    A group of ``k`` items arriving evenly at ``arrival_rate`` per second keeps its
+    first member waiting ``(k - 1) / arrival_rate`` for the group to fill; then the
+    request takes ``predict`` of its packed size, or, with ``streaming``, each member
+    is answered once the outputs up to its own are written (see :func:`latest_start`).
+    A group is never larger than what arrives within ``max_wait`` (the window is
+    dispatched then), nor than ``max_items``. If no size meets the budget, 1: an item
+    is sent alone rather than not at all.
 
     Args:
         arrival_rate: Items per second (``math.inf`` for a burst).
@@ -568,20 +654,25 @@ def best_group_size(
         predict: Predicted duration of one request.
         max_items: Most items per request.
         per_item_overhead_tokens: See :class:`PlanLimits`.
+        streaming: See :class:`PlanLimits`.
 
     Raises:
         ConfigurationError: If ``arrival_rate`` is not positive or a limit is invalid.
     """
     if not arrival_rate > 0:
         raise ConfigurationError(f"arrival_rate must be > 0, got {arrival_rate!r}")
-    limits = PlanLimits(max_items, max_wait, shared_tokens, None, None, per_item_overhead_tokens)
-    item = PlanItem(item_input_tokens, item_output_tokens, math.inf, 0.0)
+    limits = PlanLimits(
+        max_items, max_wait, shared_tokens, None, None, per_item_overhead_tokens, streaming
+    )
     largest = limits.max_items
     if math.isfinite(arrival_rate * max_wait):  # else a burst, or no wait limit
         largest = min(largest, 1 + math.floor(arrival_rate * max_wait + 1e-9))
     for k in range(largest, 1, -1):
-        wait = (k - 1) / arrival_rate
-        if wait + _finish([item] * k, limits, predict) <= budget:
+        arrivals = [j / arrival_rate for j in range(k)]
+        group = [
+            PlanItem(item_input_tokens, item_output_tokens, at + budget, at) for at in arrivals
+        ]
+        if latest_start(group, limits, predict) >= arrivals[-1] - 1e-9:
             return k
     return 1
 

@@ -37,7 +37,7 @@ from ._policy import DispatchReason
 from ._pricing import Price
 from ._prompt_stats import EventHook, PromptRecorder, PromptStatistics
 from ._stats import BatcherStatistics
-from ._tokens import TokenEstimator, estimator_for
+from ._tokens import TokenEstimator, bounded_output_tokens, estimator_for
 from ._validate import check_callable, check_int, check_seconds
 
 __all__ = ["PromptFunction", "latency_budget", "prompt"]
@@ -271,7 +271,9 @@ def prompt(
             complete (default True; providers that cannot stream ignore it).
         dedupe: Identical items in one group share one slot in the prompt.
         expected_output_tokens: Output tokens per item the planner assumes before it
-            has learned them from replies (default 50; only with ``latency_budget``).
+            has learned them from replies (only with ``latency_budget``; default: the
+            longest answer the return type allows when it is bounded, such as a model
+            of enums and booleans, else 50).
         latency_prior: What the planner assumes of the provider's speed before it has
             measured it (:class:`~coalesce.LatencyPrior`; default: conservative for
             hosted models). Declare it when you know the provider.
@@ -409,7 +411,12 @@ def _with_planner(
         max_wait=batch_options["max_wait"],
         shared_tokens=spec.shared_tokens,
         max_output_tokens=spec.max_output_tokens,
+        streaming=spec.stream,
     )
+    estimator = estimator or estimator_for(spec.model)
+    if output_prior is None:
+        # A bounded output (a classification, say) has a known longest answer.
+        output_prior = bounded_output_tokens(spec.output_schema, estimator)
     planning = Planning(
         spec.model, limits, output_prior or DEFAULT_EXPECTED_OUTPUT_TOKENS, latency_prior, estimator
     )

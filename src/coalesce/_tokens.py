@@ -19,7 +19,7 @@ import sys
 import tempfile
 import threading
 import warnings
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from coalesce._exceptions import CoalesceWarning, ConfigurationError
@@ -33,6 +33,7 @@ __all__ = [
     "OutputTokenTracker",
     "TiktokenEstimator",
     "TokenEstimator",
+    "bounded_output_tokens",
     "count_json_tokens",
     "count_tokens",
     "encoding_name_for",
@@ -304,6 +305,78 @@ def count_json_tokens(value: object, estimator: TokenEstimator) -> int:
     except (TypeError, ValueError):  # circular or not JSON-able: estimate anyway
         text = str(value)
     return estimator.count(text)
+
+
+def bounded_output_tokens(schema: Mapping[str, Any], estimator: TokenEstimator) -> int | None:
+    """Return the tokens of the longest output ``schema`` allows, or ``None`` if unbounded.
+
+    An output made only of enums, constants, booleans and nulls (in objects, fixed
+    tuples, arrays with ``maxItems`` and unions, ``$ref`` into ``$defs`` resolved) has a
+    longest instance: a classification's answer, for example. Its tokens, as compact
+    JSON, are a safe expected size before any reply was measured. Free strings and
+    numbers have no such bound.
+
+    Args:
+        schema: A JSON schema (as pydantic writes it).
+        estimator: Counts the tokens.
+    """
+    longest = _longest_instance(schema, schema, depth=0)
+    if longest is _UNBOUNDED:
+        return None
+    return estimator.count(json.dumps(longest, ensure_ascii=False, separators=(",", ":")))
+
+
+_UNBOUNDED: Any = object()
+
+
+def _longest_instance(node: Any, root: Mapping[str, Any], *, depth: int) -> Any:
+    """The instance of ``node`` with the longest compact JSON, or ``_UNBOUNDED``."""
+    if not isinstance(node, Mapping) or depth > 32:  # a recursive schema is unbounded
+        return _UNBOUNDED
+    if "$ref" in node:
+        ref = node["$ref"]
+        if not isinstance(ref, str) or not ref.startswith("#/$defs/"):
+            return _UNBOUNDED
+        target = root.get("$defs", {}).get(ref.removeprefix("#/$defs/"))
+        return _longest_instance(target, root, depth=depth + 1)
+    if "const" in node:
+        return node["const"]
+    if "enum" in node:
+        return _longest(list(node["enum"]))
+    for union in ("anyOf", "oneOf"):
+        if union in node:
+            options = [_longest_instance(n, root, depth=depth + 1) for n in node[union]]
+            return _UNBOUNDED if _UNBOUNDED in options else _longest(options)
+    kind = node.get("type")
+    if kind == "boolean":
+        return False
+    if kind == "null":
+        return None
+    if kind == "object" and isinstance(node.get("properties"), Mapping):
+        if node.get("additionalProperties", False) is not False:
+            return _UNBOUNDED
+        value: dict[str, Any] = {}
+        for name, sub in node["properties"].items():
+            value[name] = _longest_instance(sub, root, depth=depth + 1)
+            if value[name] is _UNBOUNDED:
+                return _UNBOUNDED
+        return value
+    if kind == "array":
+        prefix = node.get("prefixItems")
+        if isinstance(prefix, list) and node.get("items", False) is False:
+            values = [_longest_instance(n, root, depth=depth + 1) for n in prefix]
+            return _UNBOUNDED if _UNBOUNDED in values else values
+        most = node.get("maxItems")
+        if isinstance(most, int) and most <= 64:
+            one = _longest_instance(node.get("items"), root, depth=depth + 1)
+            return _UNBOUNDED if one is _UNBOUNDED else [one] * most
+    return _UNBOUNDED
+
+
+def _longest(values: list[Any]) -> Any:
+    if not values:
+        return _UNBOUNDED
+    return max(values, key=lambda v: len(json.dumps(v, ensure_ascii=False)))
 
 
 @runtime_checkable

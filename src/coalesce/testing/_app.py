@@ -227,7 +227,11 @@ async def _send_stream(
 ) -> None:
     stream_headers = {**headers, "content-type": "text/event-stream", "cache-control": "no-cache"}
     await send_start(send, 200, stream_headers)
-    await anyio.sleep(delays.first_token)
+    # Each piece is due at a fixed offset from the start, so a busy event loop delays a
+    # piece but not every piece after it (a real server's decoding does not slow down
+    # because its client is busy).
+    due = anyio.current_time() + delays.first_token
+    await anyio.sleep_until(due)
     pauses = pace(delays.decode, [weight for _, _, weight in events])
     content = sum(1 for _, _, weight in events if weight)
     sent = 0
@@ -235,7 +239,8 @@ async def _send_stream(
         if weight:
             if drop and sent >= content // 2:
                 raise SimulatedDisconnect("simulated fault: the connection dropped mid-stream")
-            await anyio.sleep(pause)
+            due += pause
+            await anyio.sleep_until(due)
             sent += 1
         await send(
             {"type": "http.response.body", "body": flavour.sse(event, data), "more_body": True}

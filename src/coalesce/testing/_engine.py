@@ -203,7 +203,10 @@ def compose(
     else:
         value = _single_value(prompt, lengths)
     plain = isinstance(value, str) and prompt.schema is None
-    text = value if plain else json.dumps(value, ensure_ascii=False)
+    # Constrained by a schema, models write compact JSON (as OpenAI's structured outputs
+    # and Anthropic's tool inputs do); asked in the prompt alone, they add spaces.
+    compact = (",", ":") if prompt.schema is not None else None
+    text = value if plain else json.dumps(value, ensure_ascii=False, separators=compact)
     tool_input: dict[str, Any] | None = None
     if prompt.tool is not None:
         tool_input = value if isinstance(value, dict) else {"output": value}
@@ -224,13 +227,18 @@ def compose(
     return Answer(text, tool_input, truncated, tokens, len(items or [None]), applied | damaged)
 
 
-def split_pieces(text: str, max_pieces: int = 64) -> list[str]:
-    """Split a reply into stream chunks: whole words, at most ``max_pieces`` of them.
+def split_pieces(text: str, max_pieces: int = 64, min_words: int = 4) -> list[str]:
+    """Split a reply into stream chunks of whole words and punctuation marks: at least
+    ``min_words`` of them per chunk (about as many tokens), at most ``max_pieces`` chunks.
 
     Args:
         text: The reply.
         max_pieces: The most chunks to send; words are grouped to stay under it.
+        min_words: The fewest words or marks per chunk (the last may have fewer), so a
+            long reply does not cost the server one event per token.
     """
-    words = re.findall(r"\s*\S+|\s+", text)
-    size = max(1, -(-len(words) // max_pieces))
+    # Words and punctuation, each with the spaces before it: compact JSON has no spaces
+    # but streams in pieces all the same.
+    words = re.findall(r"\s*(?:\w+|[^\w\s])|\s+", text)
+    size = max(min_words, -(-len(words) // max_pieces))
     return ["".join(words[i : i + size]) for i in range(0, len(words), size)]
