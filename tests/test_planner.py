@@ -32,8 +32,8 @@ from coalesce._planner import (
     due,
     due_at,
     full_after_add,
-    latest_start,
     group_tokens,
+    latest_start,
     pack_more,
     parse_go_duration,
     parse_rate_limit_headers,
@@ -206,7 +206,7 @@ def test_streaming_lets_a_group_grow_past_what_a_whole_reply_allows() -> None:
     new = item(out=40, deadline=10.0)
     assert admit(window, new, LIMITS, PREDICT, 0.0).dispatch_first is DispatchReason.DEADLINE
     assert admit(window, new, STREAMING, PREDICT, 0.0).dispatch_first is None
-    assert due(window + [new], STREAMING, PREDICT).at == pytest.approx(
+    assert due([*window, new], STREAMING, PREDICT).at == pytest.approx(
         min(2.0 + 1.1 * k - (0.534 + (k + 1)) for k in range(3))
     )
 

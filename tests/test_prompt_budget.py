@@ -197,8 +197,10 @@ async def test_a_provider_that_cannot_stream_is_planned_as_whole_replies() -> No
         """Tag the support ticket."""
 
     planning = tag._spec.planner
-    assert planning is not None and planning.limits.streaming  # streaming asked for
+    assert planning is not None
+    assert planning.limits.streaming
     assert (await tag("first")).label == "bug"
     # The reply came whole: every member of a group now waits for all of it.
-    assert not planning.limits.streaming and not planning.configured.streaming
+    assert not planning.limits.streaming
+    assert not planning.configured.streaming
     await tag.aclose()

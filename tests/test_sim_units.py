@@ -342,7 +342,7 @@ def test_cut_and_split() -> None:
     compact = '{"results":[{"id":"0","output":"a"}]}'
     pieces = split_pieces(compact, min_words=2)
     assert "".join(pieces) == compact
-    assert pieces[:3] == ['{"', 'results"', ':[']
+    assert pieces[:3] == ['{"', 'results"', ":["]
     assert split_pieces("") == []
 
 
