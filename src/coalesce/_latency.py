@@ -206,7 +206,7 @@ class LatencyModel:
         quantile: float = 0.95,
         forgetting: float = 0.99,
         prior_weight: float = 1.0,
-        margin_window: int = 200,
+        margin_window: int = 100,
         min_margin_samples: int = 20,
         default_margin: float = 1.5,
     ) -> None:
