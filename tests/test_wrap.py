@@ -12,7 +12,7 @@ import anyio
 import openai
 import pytest
 from anthropic.types import Message
-from openai.types.chat import ChatCompletion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 import coalesce
 from coalesce._wrap import wrap
@@ -104,7 +104,9 @@ def test_earlier_turns_go_into_the_instructions() -> None:
         {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
         {"tool_choice": "auto"},
         {"n": 2},
-        {"stream": True},
+        {"stream_options": {"include_usage": True}},  # without stream=True: the SDK's call
+        {"stream": True, "stream_options": {"include_obfuscation": False}},
+        {"stream": "yes"},
         {"logprobs": True},
         {"stop": ["\n"]},
         {"response_format": {"type": "json_object"}},
@@ -123,6 +125,21 @@ def test_earlier_turns_go_into_the_instructions() -> None:
 )
 def test_openai_passthrough(extra: dict[str, Any]) -> None:
     assert openai_plan({**chat("x"), **extra}) is None
+
+
+def test_streamed_calls_coalesce_among_themselves() -> None:
+    plain = openai_plan(chat("x"))
+    streamed = openai_plan(chat("x", stream=True, stream_options={"include_usage": True}))
+    assert plain is not None
+    assert streamed is not None
+    assert (streamed.stream, streamed.include_usage) == (True, True)
+    assert streamed.key != plain.key
+    unstreamed = openai_plan(chat("x", stream=False))
+    assert unstreamed is not None
+    assert unstreamed.key == plain.key
+    told = anthropic_plan(msg("x", stream=True))
+    assert told is not None
+    assert told.stream
 
 
 def test_openai_json_schema_is_the_output_schema() -> None:
@@ -158,7 +175,7 @@ def test_anthropic_plan() -> None:
             "tools": [{"name": "a", "input_schema": SCHEMA}],
             "tool_choice": {"type": "tool", "name": "b"},
         },
-        {"stream": True},
+        {"stream": 1},
         {"thinking": {"type": "enabled", "budget_tokens": 1024}},
         {"stop_sequences": ["x"]},
         {"system": [{"type": "image"}]},
@@ -488,3 +505,97 @@ class TestOverHTTP:
             sim.expected_output(f"a{i}", TEXT) for i in range(20)
         ]
         assert all(isinstance(r, Message) for r in replies)
+
+
+# -- streaming callers ----------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_openai_streaming_callers_get_their_own_chunks_before_the_reply_ends() -> None:
+    sim = SimulatedProvider()
+    opened: dict[int, float] = {}
+    async with wrap(sim.openai_client(max_retries=0), max_items=6) as client:
+
+        async def one(i: int) -> list[ChatCompletionChunk]:
+            stream = await client.chat.completions.create(
+                **chat(f"q{i}", stream=True, stream_options={"include_usage": True})
+            )
+            opened[i] = anyio.current_time()
+            async with stream:
+                return [chunk async for chunk in stream]
+
+        start = anyio.current_time()
+        streams = await gather(6, one)
+        ended = anyio.current_time()
+    assert len(sim.requests) == 1
+    for i, chunks in enumerate(streams):
+        assert all(isinstance(c, ChatCompletionChunk) for c in chunks)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == sim.expected_output(f"q{i}", TEXT)
+        assert chunks[0].choices[0].delta.role == "assistant"
+        assert chunks[-2].choices[0].finish_reason == "stop"
+        assert chunks[-1].choices == []
+        assert chunks[-1].usage is not None
+        assert len({c.id for c in chunks}) == 1
+        assert chunks[0].model == "gpt-4o-mini"
+    # Each stream opened as its own item was written, not when the reply ended.
+    assert min(opened.values()) < ended - 0.1 * (ended - start)
+    stats = sim.statistics()
+    usages = [chunks[-1].usage for chunks in streams]
+    assert sum(u.prompt_tokens for u in usages if u) == stats.prompt_tokens
+    assert sum(u.completion_tokens for u in usages if u) == stats.completion_tokens
+
+
+@pytest.mark.anyio
+async def test_openai_streams_without_usage_and_closed_early() -> None:
+    sim = SimulatedProvider()
+    rf = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": SCHEMA}}
+    async with wrap(sim.openai_client(max_retries=0), max_items=4) as client:
+
+        async def one(i: int) -> Any:
+            stream = await client.chat.completions.create(
+                **chat(f"mail {i}", response_format=rf, stream=True)
+            )
+            chunks = [chunk async for chunk in stream]
+            assert all(chunk.usage is None for chunk in chunks)
+            return json.loads("".join(c.choices[0].delta.content or "" for c in chunks))
+
+        answers = await gather(4, one)
+        early = await client.chat.completions.create(**chat("q", stream=True))
+        first = await early.__anext__()
+        await early.close()  # the caller stops reading: nothing else is disturbed
+    assert first.choices[0].delta.role == "assistant"
+    assert answers == [sim.expected_output(f"mail {i}", SCHEMA) for i in range(4)]
+
+
+@pytest.mark.anyio
+async def test_anthropic_streaming_callers_get_their_own_events() -> None:
+    sim = SimulatedProvider()
+    tool = {
+        "tools": [{"name": "verdict", "input_schema": SCHEMA}],
+        "tool_choice": {"type": "tool", "name": "verdict"},
+    }
+    async with wrap(sim.anthropic_client(max_retries=0), max_items=4) as client:
+
+        async def one(i: int) -> list[Any]:
+            extra = tool if i % 2 else {}
+            stream = await client.messages.create(**msg(f"t{i}", stream=True, **extra))
+            return [event async for event in stream]
+
+        streams = await gather(4, one)
+    assert len(sim.requests) == 2  # text and tool calls are different requests
+    kinds = ["message_start", "content_block_start", "content_block_delta",
+             "content_block_stop", "message_delta", "message_stop"]  # fmt: skip
+    for i, events in enumerate(streams):
+        assert [e.type for e in events] == kinds
+        delta = events[2].delta
+        if i % 2:
+            assert events[1].content_block.type == "tool_use"
+            assert json.loads(delta.partial_json) == sim.expected_output(f"t{i}", SCHEMA)
+            assert events[4].delta.stop_reason == "tool_use"
+        else:
+            assert delta.text == sim.expected_output(f"t{i}", TEXT)
+            assert events[4].delta.stop_reason == "end_turn"
+    stats = sim.statistics()
+    assert sum(s[4].usage.input_tokens for s in streams) == stats.prompt_tokens
+    assert sum(s[4].usage.output_tokens for s in streams) == stats.completion_tokens

@@ -17,7 +17,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable, Mapping
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
@@ -40,6 +42,7 @@ from ._prompt import (
 from ._tokens import estimator_for
 from ._validate import check_int, check_seconds
 from ._wrap_plan import Plan, anthropic_plan, openai_plan, overrides, present, split_usage
+from ._wrap_stream import CoalescedStream, anthropic_events, openai_chunks
 from .providers import AnthropicProvider, Completion, CompletionRequest, OpenAIProvider
 
 __all__ = ["CoalescedClient", "wrap"]
@@ -55,6 +58,7 @@ class _WrapJob(Job):
     completion_tokens: int = 0
     reply: Mapping[str, Any] = field(default_factory=dict)  # the last reply's id, model...
     packed_id: str = ""
+    finished: anyio.Event | None = None  # set when its group is done (streamed calls)
 
 
 class _Ledger:
@@ -137,42 +141,23 @@ def _note(request: CompletionRequest, completion: Completion, reply: Mapping[str
         ledger.charge(request, completion, reply)
 
 
-class _OpenAINoting(OpenAIProvider):
-    """The OpenAI provider, non-streaming, noting each reply's id, model and usage."""
+class _Noting:
+    """Notes each reply's id, model and usage in the group's ledger."""
 
     async def complete(
         self, request: CompletionRequest, on_text: Callable[[str], None] | None = None
     ) -> Completion:
-        from .providers._http import Collector, lower_headers
-        from .providers._openai import _completion
-
-        raw = await self._client.chat.completions.with_raw_response.create(
-            **self.arguments(request)
-        )
-        reply = raw.parse()
-        completion = _completion(reply, Collector(on_text), lower_headers(raw.headers.items()))
-        keep = ("id", "created", "model", "system_fingerprint", "service_tier")
-        _note(request, completion, reply.model_dump(include=set(keep)))
+        completion: Completion = await super().complete(request, on_text)  # type: ignore[misc]
+        _note(request, completion, completion.reply)
         return completion
 
 
-class _AnthropicNoting(AnthropicProvider):
-    """The Anthropic provider, non-streaming, noting each reply's id, model and usage."""
+class _OpenAINoting(_Noting, OpenAIProvider):
+    """The OpenAI provider, noting each reply."""
 
-    async def complete(
-        self, request: CompletionRequest, on_text: Callable[[str], None] | None = None
-    ) -> Completion:
-        from .providers._anthropic import _completion
-        from .providers._http import Collector, lower_headers
 
-        raw = await self._client.messages.with_raw_response.create(**self.arguments(request))
-        message = await raw.parse()
-        headers = lower_headers(raw.headers.items())
-        completion = _completion(
-            message, Collector(on_text), headers, request.reply_schema is not None
-        )
-        _note(request, completion, {"id": message.id, "model": message.model})
-        return completion
+class _AnthropicNoting(_Noting, AnthropicProvider):
+    """The Anthropic provider, noting each reply."""
 
 
 class _WrapBatcher(_PromptBatcher):
@@ -184,6 +169,9 @@ class _WrapBatcher(_PromptBatcher):
             return await super()._invoke(window)
         finally:
             _ledger.reset(token)
+            for job in window.items:
+                if job.finished is not None:
+                    job.finished.set()
 
 
 @dataclass(frozen=True)
@@ -257,7 +245,9 @@ class _Coalescer:
             max_attempts=o.max_attempts,
             max_retries=o.max_retries,
             max_output_tokens=cap,
-            stream=False,
+            # Streamed callers get their answer as the split finds it; the others wait
+            # for the whole reply anyway (their usage share needs it).
+            stream=plan.stream,
             dedupe=False,
             options=dict(plan.options),
         )
@@ -275,6 +265,8 @@ class _Coalescer:
         budget = plan.budget or _budget_override.get() or self._options.latency_budget
         deadline = now + (budget if budget is not None else math.inf)
         job = _WrapJob(item=plan.item, key=_dumps(plan.item), deadline=deadline)
+        if plan.stream:
+            job.finished = anyio.Event()
         planning = batcher._spec.planner
         if planning is not None:
             job.plan = planning.plan_item(plan.item, None, deadline, now)
@@ -318,34 +310,67 @@ def openai_response(value: Any, job: _WrapJob, plan: Plan) -> Any:
     )
 
 
+def _anthropic_block(value: Any, base: str, plan: Plan) -> dict[str, Any]:
+    if plan.tool is not None:
+        return {"type": "tool_use", "id": f"toolu_{base}", "name": plan.tool, "input": value}
+    text = value if plan.output_schema is None else _dumps(value)
+    return {"type": "text", "text": text}
+
+
 def anthropic_response(value: Any, job: _WrapJob, plan: Plan) -> Any:
     """The ``Message`` of one answered item."""
     from anthropic.types import Message
 
     reply = dict(job.reply)
-    base = str(reply.get("id", "msg_coalesce"))
-    if plan.tool is not None:
-        block = {
-            "type": "tool_use",
-            "id": f"toolu_{base}_{job.packed_id}",
-            "name": plan.tool,
-            "input": value,
-        }
-    else:
-        text = value if plan.output_schema is None else _dumps(value)
-        block = {"type": "text", "text": text}
+    base = f"{reply.get('id', 'msg_coalesce')}_{job.packed_id}"
     return Message.model_validate(
         {
-            "id": f"{base}_{job.packed_id}",
+            "id": base,
             "type": "message",
             "role": "assistant",
             "model": reply.get("model") or plan.model,
-            "content": [block],
+            "content": [_anthropic_block(value, base, plan)],
             "stop_reason": "tool_use" if plan.tool is not None else "end_turn",
             "stop_sequence": None,
             "usage": _usage_dict(job, ("input_tokens", "output_tokens")),
         }
     )
+
+
+def _share(job: _WrapJob) -> Callable[[], Awaitable[tuple[int, int]]]:
+    """Waits until the job's group is done; then its ``(input, output)`` token share."""
+
+    async def share() -> tuple[int, int]:
+        if job.finished is not None:
+            await job.finished.wait()
+        return job.prompt_tokens, job.completion_tokens
+
+    return share
+
+
+def openai_stream(value: Any, job: _WrapJob, plan: Plan) -> CoalescedStream[Any]:
+    """The chunks of one answered item, as soon as its output is complete.
+
+    The packed reply is still being written, so the chunks carry coalesce's own id
+    (``chatcmpl-coalesce-...``) and the requested model name.
+    """
+    text = value if plan.output_schema is None else _dumps(value)
+    reply = {"id": f"chatcmpl-coalesce-{uuid.uuid4().hex}", "created": int(time.time())}
+    reply["model"] = plan.model
+    chunks = openai_chunks(text, reply, include_usage=plan.include_usage, usage=_share(job))
+    return CoalescedStream(chunks)
+
+
+def anthropic_stream(value: Any, job: _WrapJob, plan: Plan) -> CoalescedStream[Any]:
+    """The events of one answered item, as soon as its output is complete."""
+    base = f"msg_coalesce_{uuid.uuid4().hex}"
+    message = {
+        "id": base,
+        "model": plan.model,
+        "stop_reason": "tool_use" if plan.tool is not None else "end_turn",
+    }
+    block = _anthropic_block(value, base, plan)
+    return CoalescedStream(anthropic_events(block, message, usage=_share(job)))
 
 
 class _Proxy:
@@ -385,16 +410,16 @@ class CoalescedClient(_Proxy):
         )
 
     async def _openai_create(self, **kwargs: Any) -> Any:
-        return await self._route(kwargs, openai_plan, openai_response)
+        return await self._route(kwargs, openai_plan, (openai_response, openai_stream))
 
     async def _anthropic_create(self, **kwargs: Any) -> Any:
-        return await self._route(kwargs, anthropic_plan, anthropic_response)
+        return await self._route(kwargs, anthropic_plan, (anthropic_response, anthropic_stream))
 
     async def _route(
         self,
         kwargs: dict[str, Any],
         planner: Callable[[Mapping[str, Any], float | None], Plan | None],
-        respond: Callable[[Any, _WrapJob, Plan], Any],
+        respond: tuple[Callable[[Any, _WrapJob, Plan], Any], Callable[[Any, _WrapJob, Plan], Any]],
     ) -> Any:
         cleaned, switch, budget = overrides(kwargs)
         given = present(cleaned)
@@ -404,7 +429,8 @@ class CoalescedClient(_Proxy):
         if plan is None:
             return await self._create(**cleaned)
         value, job = await self._coalescer.answer(plan)
-        return respond(value, job, plan)
+        whole, streamed = respond
+        return (streamed if plan.stream else whole)(value, job, plan)
 
     async def aclose(self) -> None:
         """Send pending calls now, wait for them, then close the wrapped client.

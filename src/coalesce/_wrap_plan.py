@@ -7,6 +7,7 @@ Nothing here does I/O or imports an SDK: the functions read the keyword argument
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,11 +48,13 @@ _OPENAI_FORWARDED = frozenset(
         "store",
     }
 )
-_OPENAI_HANDLED = frozenset({"model", "messages", "n", "response_format"})
+_OPENAI_HANDLED = frozenset(
+    {"model", "messages", "n", "response_format", "stream", "stream_options"}
+)
 _OPENAI_CAPS = ("max_completion_tokens", "max_tokens")
 _ANTHROPIC_FORWARDED = frozenset({"temperature", "top_p", "top_k", "metadata", "service_tier"})
 _ANTHROPIC_HANDLED = frozenset(
-    {"model", "messages", "system", "max_tokens", "tools", "tool_choice"}
+    {"model", "messages", "system", "max_tokens", "tools", "tool_choice", "stream"}
 )
 
 
@@ -70,6 +73,8 @@ class Plan:
         item_cap: The caller's own output-token cap, if any.
         tool: The forced Anthropic tool whose input is the answer, if any.
         budget: Seconds this call may wait (from the ``x-coalesce-budget`` header).
+        stream: The call asked for a stream (``stream=True``).
+        include_usage: OpenAI's ``stream_options={"include_usage": True}``.
     """
 
     key: str
@@ -81,6 +86,8 @@ class Plan:
     item_cap: int | None = None
     tool: str | None = None
     budget: float | None = None
+    stream: bool = False
+    include_usage: bool = False
 
 
 def present(kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -192,7 +199,8 @@ def openai_plan(kwargs: Mapping[str, Any], budget: float | None = None) -> Plan 
     """The plan of a ``chat.completions.create`` call, or ``None`` to pass it through.
 
     Coalesced: one user message to answer (plain text), earlier turns of plain text,
-    no tools, ``n`` of 1, no streaming, ``response_format`` absent, ``text`` or
+    no tools, ``n`` of 1, ``stream`` on or off (``stream_options`` only with
+    ``include_usage``), ``response_format`` absent, ``text`` or
     ``json_schema``, and only the sampling options coalesce knows to be per request.
 
     Args:
@@ -210,8 +218,38 @@ def openai_plan(kwargs: Mapping[str, Any], budget: float | None = None) -> Plan 
     if turns is None or not valid or schema is False:
         return None
     output_schema = schema if isinstance(schema, Mapping) else None
+    stream = _stream(kwargs.get("stream"))
+    usage = _include_usage(kwargs.get("stream_options"))
+    if stream is None or usage is None or (usage and not stream):
+        return None
     options = {k: v for k, v in kwargs.items() if k in _OPENAI_FORWARDED}
-    return _plan(model, _instructions(*turns), item, output_schema, options, cap, None, budget)
+    plan = _plan(model, _instructions(*turns), item, output_schema, options, cap, None, budget)
+    return _streamed(plan, stream, usage)
+
+
+def _stream(value: Any) -> bool | None:
+    """``stream=``: a bool, or absent; ``None`` for anything else (passed through)."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    return None
+
+
+def _include_usage(value: Any) -> bool | None:
+    """OpenAI's ``stream_options``: only ``include_usage`` is understood."""
+    if value is None:
+        return False
+    if isinstance(value, Mapping) and set(value) <= {"include_usage"}:
+        return bool(value.get("include_usage"))
+    return None
+
+
+def _streamed(plan: Plan, stream: bool, include_usage: bool) -> Plan:
+    """``plan`` for a streamed call: its own key, so streamed calls share requests."""
+    if not stream:
+        return plan
+    return dataclasses.replace(
+        plan, key=plan.key + ":stream", stream=True, include_usage=include_usage
+    )
 
 
 def _openai_schema(value: Any) -> Mapping[str, Any] | bool | None:
@@ -234,7 +272,7 @@ def anthropic_plan(kwargs: Mapping[str, Any], budget: float | None = None) -> Pl
 
     Coalesced: one user message to answer (plain text), earlier turns of plain text, a
     ``system`` string (or text blocks), no tools except one forced with ``tool_choice``
-    (its ``input_schema`` is the output schema), no streaming or thinking.
+    (its ``input_schema`` is the output schema), ``stream`` on or off, no thinking.
 
     Args:
         kwargs: The call's keyword arguments, sentinels and coalesce headers removed.
@@ -252,9 +290,13 @@ def anthropic_plan(kwargs: Mapping[str, Any], budget: float | None = None) -> Pl
     if turns is None or not valid or tool is False:
         return None
     name, schema = tool if isinstance(tool, tuple) else (None, None)
+    stream = _stream(kwargs.get("stream"))
+    if stream is None:
+        return None
     options = {k: v for k, v in kwargs.items() if k in _ANTHROPIC_FORWARDED}
     instructions = _instructions([system, *turns[0]], turns[1])
-    return _plan(model, instructions, item, schema, options, cap, name, budget)
+    plan = _plan(model, instructions, item, schema, options, cap, name, budget)
+    return _streamed(plan, stream, include_usage=False)
 
 
 def _anthropic_system(value: Any) -> str | None:

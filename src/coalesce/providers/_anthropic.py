@@ -173,6 +173,7 @@ def _completion(
         usage=_usage(message.usage),
         seconds=collector.elapsed(),
         headers=headers,
+        reply={"id": message.id, "model": message.model},
     )
 
 
@@ -183,11 +184,13 @@ class _StreamState:
         self.stop_reason: str | None = None
         self.start_usage: Any = None
         self.output_tokens: int | None = None
+        self.reply: dict[str, Any] = {}
 
     def see(self, event: Any, collector: Collector) -> None:
         kind = event.type
         if kind == "message_start":
             self.start_usage = event.message.usage
+            self.reply = {"id": event.message.id, "model": event.message.model}
         elif kind == "content_block_delta":
             delta = event.delta
             if delta.type == "text_delta":
@@ -211,4 +214,5 @@ async def _read_stream(stream: Any, collector: Collector, headers: dict[str, str
         ttft=collector.ttft,
         seconds=collector.elapsed(),
         headers=headers,
+        reply=state.reply,
     )

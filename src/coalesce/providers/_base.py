@@ -69,6 +69,9 @@ class Completion:
         ttft: Seconds from sending to the first text, when streamed.
         seconds: Seconds from sending to the end of the reply.
         headers: Response headers (lower-case names), for rate-limit information.
+        reply: What the provider said about the reply besides its content (``id``,
+            ``model``, and OpenAI's ``created``, ``system_fingerprint``,
+            ``service_tier``), as far as it said.
     """
 
     text: str
@@ -77,6 +80,7 @@ class Completion:
     ttft: float | None = None
     seconds: float | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
+    reply: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def truncated(self) -> bool:

@@ -20,6 +20,7 @@ from .._packing import openai_response_format
 from ._base import Completion, CompletionRequest, RetryAdvice, Usage
 
 __all__ = [
+    "REPLY_FIELDS",
     "Collector",
     "OpenAICompatibleProvider",
     "chat_url",
@@ -31,6 +32,9 @@ __all__ = [
 ]
 
 _VERSIONED = re.compile(r"/v\d+$")
+#: What a chat completion (or each of its chunks) says about itself, kept in
+#: :attr:`Completion.reply`.
+REPLY_FIELDS = ("id", "created", "model", "system_fingerprint", "service_tier")
 #: Statuses worth sending again: request timeout, conflict, rate limit.
 RETRY_STATUSES = frozenset({408, 409, 429})
 
@@ -368,10 +372,13 @@ async def read_chat_stream(
     """
     finish_reason = "stop"
     usage: Usage | None = None
+    reply: dict[str, Any] = {}
     async with aclosing(sse_data(lines)) as events:
         async for chunk in events:
             if isinstance(chunk.get("error"), Mapping):
                 raise error(chunk["error"])
+            if not reply:
+                reply = {k: chunk[k] for k in REPLY_FIELDS if chunk.get(k) is not None}
             usage = openai_usage(chunk.get("usage")) or usage
             for choice in chunk.get("choices") or []:
                 collector.add((choice.get("delta") or {}).get("content"))
@@ -383,6 +390,7 @@ async def read_chat_stream(
         ttft=collector.ttft,
         seconds=collector.elapsed(),
         headers=headers,
+        reply=reply,
     )
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._base import Completion, CompletionRequest, RetryAdvice, Usage
 from ._http import (
+    REPLY_FIELDS,
     Collector,
     chat_body,
     lower_headers,
@@ -121,6 +122,7 @@ def _completion(reply: ChatCompletion, collector: Collector, headers: dict[str, 
         usage=_usage(reply.usage),
         seconds=collector.elapsed(),
         headers=headers,
+        reply=reply.model_dump(include=set(REPLY_FIELDS), exclude_none=True),
     )
 
 
