@@ -5,7 +5,7 @@ over real HTTP."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 import anthropic
 import anyio
@@ -458,6 +458,29 @@ async def test_injected_faults_never_give_a_wrong_answer(sdk: str) -> None:
     assert sum(isinstance(a, Exception) for a in answers) <= 2
 
 
+@pytest.mark.anyio
+async def test_injected_faults_never_give_a_streaming_caller_a_wrong_answer() -> None:
+    chances = {"missing_item": 0.1, "out_of_order": 0.1, "truncate": 0.1, "disconnect": 0.1}
+    sim = SimulatedProvider(faults=FaultPlan(probabilities=chances, seed=7))
+    client = wrap(sim.openai_client(max_retries=2), max_items=20)
+
+    async def one(i: int) -> str:
+        stream = await client.chat.completions.create(**chat(f"n{i}", stream=True))
+        return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+    answers = await settle_all(200, one)
+    await client.aclose()
+    assert sim.statistics().faults > 0
+    wrong = [
+        i
+        for i, answer in enumerate(answers)
+        if not isinstance(answer, coalesce.ItemError)
+        and answer != sim.expected_output(f"n{i}", TEXT)
+    ]
+    assert wrong == []
+    assert sum(isinstance(a, Exception) for a in answers) <= 2
+
+
 # -- over real HTTP -------------------------------------------------------------------
 
 
@@ -505,6 +528,23 @@ class TestOverHTTP:
             sim.expected_output(f"a{i}", TEXT) for i in range(20)
         ]
         assert all(isinstance(r, Message) for r in replies)
+
+    @pytest.mark.anyio
+    async def test_openai_streaming(self) -> None:
+        sim = SimulatedProvider(time_scale=0.001)
+        async with sim.serve_async() as url:
+            raw = sim.openai_client(url, max_retries=0)
+            async with wrap(raw, max_items=10, max_wait=0.05) as client:
+
+                async def one(i: int) -> str:
+                    stream = await client.chat.completions.create(**chat(f"s{i}", stream=True))
+                    chunks = [c async for c in stream]
+                    assert all(isinstance(c, ChatCompletionChunk) for c in chunks)
+                    return "".join(c.choices[0].delta.content or "" for c in chunks)
+
+                texts = await gather(40, one)
+        assert texts == [sim.expected_output(f"s{i}", TEXT) for i in range(40)]
+        assert len(sim.requests) <= 8
 
 
 # -- streaming callers ----------------------------------------------------------------
@@ -599,3 +639,24 @@ async def test_anthropic_streaming_callers_get_their_own_events() -> None:
     stats = sim.statistics()
     assert sum(s[4].usage.input_tokens for s in streams) == stats.prompt_tokens
     assert sum(s[4].usage.output_tokens for s in streams) == stats.completion_tokens
+
+
+@pytest.mark.anyio
+async def test_wrapped_client_statistics_per_model() -> None:
+    sim = SimulatedProvider()
+    events: list[Any] = []
+    wrapped = wrap(
+        sim.openai_client(max_retries=0), max_items=5, latency_budget=30.0, on_event=events.append
+    )
+    client = cast(coalesce.CoalescedClient, wrapped)
+    assert client.statistics() == {}
+    await gather(10, lambda i: wrapped.chat.completions.create(**chat(f"q{i}")))
+    await wrapped.chat.completions.create(**chat("alone", n=2))  # passed through: not counted
+    await wrapped.close()
+    stats = client.statistics()["gpt-4o-mini"]
+    assert (stats.calls, stats.requests, stats.items_per_request) == (10, 2, 5.0)
+    assert stats.within_budget == 1.0
+    assert stats.input_tokens == sum(r.prompt_tokens for r in sim.requests if r.items > 1)
+    assert stats.input_tokens < stats.input_tokens_one_per_item
+    assert 0 < stats.savings < 1
+    assert events

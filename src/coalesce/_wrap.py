@@ -30,8 +30,8 @@ from ._batcher import _Window
 from ._group import Job, Spec
 from ._latency import LatencyPrior
 from ._packing import pack_request
+from ._pricing import Price
 from ._prompt import (
-    DEFAULT_EXPECTED_OUTPUT_TOKENS,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_ITEMS,
     DEFAULT_MAX_WAIT,
@@ -39,6 +39,7 @@ from ._prompt import (
     _PromptBatcher,
     _with_planner,
 )
+from ._prompt_stats import EventHook, PromptRecorder, PromptStatistics
 from ._tokens import estimator_for
 from ._validate import check_int, check_seconds
 from ._wrap_plan import Plan, anthropic_plan, openai_plan, overrides, present, split_usage
@@ -184,6 +185,8 @@ class _Options:
     max_retries: int
     max_output_tokens: int | None
     latency_prior: LatencyPrior | None
+    prices: Price | Mapping[str, Price] | None = None
+    on_event: EventHook | None = None
 
 
 def _validator(schema: Mapping[str, Any] | None) -> Callable[[Any], Any]:
@@ -213,6 +216,7 @@ class _Coalescer:
         self._provider = provider
         self._options = options
         self._batchers: dict[str, _WrapBatcher] = {}
+        self._recorders: dict[str, PromptRecorder] = {}
 
     def _batcher(self, plan: Plan) -> _WrapBatcher:
         batcher = self._batchers.get(plan.key)
@@ -250,13 +254,25 @@ class _Coalescer:
             stream=plan.stream,
             dedupe=False,
             options=dict(plan.options),
+            recorder=self._recorder(plan.model),
         )
-        if o.latency_budget is None:
-            return spec
         system = pack_request(spec.instructions, [None], schema).system
         spec = dataclasses.replace(spec, shared_tokens=estimator_for(plan.model).count(system))
+        if o.latency_budget is None:
+            return spec
         limits = {"max_items": o.max_items, "max_wait": o.max_wait}
-        return _with_planner(spec, limits, DEFAULT_EXPECTED_OUTPUT_TOKENS, o.latency_prior)
+        return _with_planner(spec, limits, None, o.latency_prior)
+
+    def _recorder(self, model: str) -> PromptRecorder:
+        recorder = self._recorders.get(model)
+        if recorder is None:
+            o = self._options
+            recorder = PromptRecorder(f"wrap:{model}", model, prices=o.prices, on_event=o.on_event)
+            self._recorders[model] = recorder
+        return recorder
+
+    def statistics(self) -> dict[str, PromptStatistics]:
+        return {model: recorder.snapshot() for model, recorder in self._recorders.items()}
 
     async def answer(self, plan: Plan) -> tuple[Any, _WrapJob]:
         """Await ``plan``'s own answer; the job carries its usage and reply."""
@@ -270,7 +286,16 @@ class _Coalescer:
         planning = batcher._spec.planner
         if planning is not None:
             job.plan = planning.plan_item(plan.item, None, deadline, now)
-        value = await batcher(job)
+        recorder = batcher._spec.recorder
+        assert recorder is not None
+        ok = False
+        try:
+            value = await batcher(job)
+            ok = True
+        finally:
+            wait = None if job.dispatched_at is None else job.dispatched_at - now
+            latency = anyio.current_time() - now
+            recorder.call_finished(latency, wait=wait, budget=budget, ok=ok)
         return value, job
 
     async def aclose(self) -> None:
@@ -432,6 +457,16 @@ class CoalescedClient(_Proxy):
         whole, streamed = respond
         return (streamed if plan.stream else whole)(value, job, plan)
 
+    def statistics(self) -> dict[str, PromptStatistics]:
+        """Immutable snapshots of the coalesced calls, one per model.
+
+        See :class:`~coalesce.PromptStatistics`: latency and budget, tokens, cost and
+        savings, requests. Calls passed through to the client are not counted.
+        ``wrap`` is typed as the client it wraps; reach this with
+        ``typing.cast(coalesce.CoalescedClient, client).statistics()``.
+        """
+        return self._coalescer.statistics()
+
     async def aclose(self) -> None:
         """Send pending calls now, wait for them, then close the wrapped client.
 
@@ -458,6 +493,8 @@ def wrap(
     max_retries: int | None = None,
     max_output_tokens: int | None = None,
     latency_prior: LatencyPrior | None = None,
+    prices: Price | Mapping[str, Price] | None = None,
+    on_event: EventHook | None = None,
 ) -> C:
     """Wrap an ``openai.AsyncOpenAI`` or ``anthropic.AsyncAnthropic`` so compatible calls coalesce.
 
@@ -474,6 +511,8 @@ def wrap(
         max_output_tokens: Cap on a packed reply's tokens (default: each call's own cap
             times ``max_items``, or the provider's default).
         latency_prior: What the planner assumes of the provider before measuring it.
+        prices: Prices for the statistics' cost estimates (see :func:`~coalesce.price_for`).
+        on_event: Called with each call, request, dispatch and retry event.
 
     Raises:
         ConfigurationError: ``client`` is not an async OpenAI or Anthropic client, or an
@@ -494,6 +533,8 @@ def wrap(
         max_retries=retries if retries is not None else int(getattr(client, "max_retries", 2)),
         max_output_tokens=check_int("max_output_tokens", max_output_tokens, optional=True),
         latency_prior=latency_prior,
+        prices=prices,
+        on_event=on_event,
     )
     if isinstance(base, OpenAIProvider):
         coalescer = _Coalescer(_OpenAINoting(cast(Any, client)), options)
