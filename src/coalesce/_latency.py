@@ -208,7 +208,7 @@ class LatencyModel:
         prior_weight: float = 1.0,
         margin_window: int = 100,
         min_margin_samples: int = 20,
-        default_margin: float = 1.5,
+        default_margin: float = 1.3,
     ) -> None:
         _check_range("quantile", quantile, 0.5, 1.0, closed=False)
         _check_range("forgetting", forgetting, 0.0, 1.0, closed=True)
