@@ -521,6 +521,14 @@ class TestOverHTTP:
             wrap(sim.anthropic_client(url, max_retries=0), max_items=10) as client,
         ):
             replies = await gather(20, lambda i: client.messages.create(**msg(f"a{i}")))
+
+            async def streamed(i: int) -> str:
+                stream = await client.messages.create(**msg(f"s{i}", stream=True))
+                events = [event async for event in stream]
+                assert isinstance(events[0], anthropic.types.RawMessageStartEvent)
+                return "".join(e.delta.text for e in events if e.type == "content_block_delta")
+
+            texts = await gather(10, streamed)
             sim.inject("rate_limit")
             with pytest.raises(anthropic.RateLimitError):
                 await client.messages.create(**msg("boom"))
@@ -528,6 +536,7 @@ class TestOverHTTP:
             sim.expected_output(f"a{i}", TEXT) for i in range(20)
         ]
         assert all(isinstance(r, Message) for r in replies)
+        assert texts == [sim.expected_output(f"s{i}", TEXT) for i in range(10)]
 
     @pytest.mark.anyio
     async def test_openai_streaming(self) -> None:
