@@ -40,7 +40,17 @@ from ._stats import BatcherStatistics
 from ._tokens import TokenEstimator, bounded_output_tokens, estimator_for
 from ._validate import check_callable, check_int, check_seconds
 
-__all__ = ["PromptFunction", "latency_budget", "prompt"]
+__all__ = [
+    "DEFAULT_MAX_ATTEMPTS",
+    "DEFAULT_MAX_ITEMS",
+    "DEFAULT_MAX_WAIT",
+    "PromptBatcher",
+    "PromptFunction",
+    "budget_override",
+    "latency_budget",
+    "prompt",
+    "with_planner",
+]
 
 P = ParamSpec("P")
 Out = TypeVar("Out")
@@ -57,7 +67,7 @@ DEFAULT_MAX_RETRIES = 4
 #: Output tokens per item the planner assumes before it has seen any reply.
 DEFAULT_EXPECTED_OUTPUT_TOKENS = 50
 
-_budget_override: ContextVar[float | None] = ContextVar("coalesce_latency_budget", default=None)
+budget_override: ContextVar[float | None] = ContextVar("coalesce_latency_budget", default=None)
 
 
 @contextlib.contextmanager
@@ -72,14 +82,14 @@ def latency_budget(seconds: float | None) -> Iterator[None]:
         ConfigurationError: If ``seconds`` is not a positive number or None.
     """
     value = check_seconds("latency_budget", seconds, positive=True, optional=True)
-    token = _budget_override.set(value)
+    token = budget_override.set(value)
     try:
         yield
     finally:
-        _budget_override.reset(token)
+        budget_override.reset(token)
 
 
-class _PromptBatcher(Batcher[Job, Any]):
+class PromptBatcher(Batcher[Job, Any]):
     """A batcher whose batch function can resolve callers before it returns, and
     which, given a latency budget, sizes each group with the planner."""
 
@@ -149,7 +159,7 @@ class PromptFunction(Generic[P, Out]):
         self,
         fn: Callable[P, Awaitable[Any]],
         spec: Spec,
-        batcher: _PromptBatcher,
+        batcher: PromptBatcher,
         partition: Callable[..., Hashable] | None,
         latency_budget: float | None,
     ) -> None:
@@ -165,7 +175,7 @@ class PromptFunction(Generic[P, Out]):
         item = await self._item(args, kwargs)
         key = json.dumps(item, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
         now = anyio.current_time()
-        budget = _budget_override.get()
+        budget = budget_override.get()
         if budget is None:
             budget = self._budget
         deadline = now + (budget if budget is not None else math.inf)
@@ -391,14 +401,14 @@ def _decorate(
         shared_tokens=(estimator or estimator_for(model)).count(system),
     )
     if budget is not None:
-        spec = _with_planner(spec, batch_options, output_prior, latency_prior, estimator)
+        spec = with_planner(spec, batch_options, output_prior, latency_prior, estimator)
     if partition is not None:
         batch_options["partition"] = _job_partition
-    batcher = _PromptBatcher(spec, **batch_options)
+    batcher = PromptBatcher(spec, **batch_options)
     return PromptFunction(fn, spec, batcher, partition, budget)
 
 
-def _with_planner(
+def with_planner(
     spec: Spec,
     batch_options: Mapping[str, Any],
     output_prior: int | None,

@@ -35,9 +35,9 @@ from ._prompt import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_ITEMS,
     DEFAULT_MAX_WAIT,
-    _budget_override,
-    _PromptBatcher,
-    _with_planner,
+    PromptBatcher,
+    budget_override,
+    with_planner,
 )
 from ._prompt_stats import EventHook, PromptRecorder, PromptStatistics
 from ._tokens import estimator_for
@@ -161,7 +161,7 @@ class _AnthropicNoting(_Noting, AnthropicProvider):
     """The Anthropic provider, noting each reply."""
 
 
-class _WrapBatcher(_PromptBatcher):
+class _WrapBatcher(PromptBatcher):
     """A prompt batcher that opens a ledger for each group it runs."""
 
     async def _invoke(self, window: _Window) -> Any:
@@ -261,7 +261,7 @@ class _Coalescer:
         if o.latency_budget is None:
             return spec
         limits = {"max_items": o.max_items, "max_wait": o.max_wait}
-        return _with_planner(spec, limits, None, o.latency_prior)
+        return with_planner(spec, limits, None, o.latency_prior)
 
     def _recorder(self, model: str) -> PromptRecorder:
         recorder = self._recorders.get(model)
@@ -278,7 +278,7 @@ class _Coalescer:
         """Await ``plan``'s own answer; the job carries its usage and reply."""
         batcher = self._batcher(plan)
         now = anyio.current_time()
-        budget = plan.budget or _budget_override.get() or self._options.latency_budget
+        budget = plan.budget or budget_override.get() or self._options.latency_budget
         deadline = now + (budget if budget is not None else math.inf)
         job = _WrapJob(item=plan.item, key=_dumps(plan.item), deadline=deadline)
         if plan.stream:
