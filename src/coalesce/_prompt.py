@@ -49,6 +49,7 @@ __all__ = [
     "budget_override",
     "latency_budget",
     "prompt",
+    "shared_tokens",
     "with_planner",
 ]
 
@@ -389,7 +390,6 @@ def _decorate(
         dedupe=bool(options.pop("dedupe", False)),
         options=options,
     )
-    system = pack_request(spec.instructions, [None], spec.output_schema).system
     spec = dataclasses.replace(
         spec,
         recorder=PromptRecorder(
@@ -398,7 +398,7 @@ def _decorate(
             prices=options.pop("prices", None),
             on_event=options.pop("on_event", None),
         ),
-        shared_tokens=(estimator or estimator_for(model)).count(system),
+        shared_tokens=shared_tokens(spec, estimator or estimator_for(model)),
     )
     if budget is not None:
         spec = with_planner(spec, batch_options, output_prior, latency_prior, estimator)
@@ -406,6 +406,19 @@ def _decorate(
         batch_options["partition"] = _job_partition
     batcher = PromptBatcher(spec, **batch_options)
     return PromptFunction(fn, spec, batcher, partition, budget)
+
+
+def shared_tokens(spec: Spec, estimator: TokenEstimator) -> int:
+    """Input tokens every request of ``spec`` pays whatever its items: the system
+    message (instructions and reply format) and, with structured output, the reply
+    schema the provider is sent (providers count it as input)."""
+    packed = pack_request(
+        spec.instructions, [None], spec.output_schema, structured=spec.provider.structured
+    )
+    tokens = estimator.count(packed.system)
+    if spec.provider.structured:
+        tokens += estimator.count(json.dumps(packed.reply_schema, separators=(",", ":")))
+    return tokens
 
 
 def with_planner(

@@ -29,7 +29,6 @@ import anyio
 from ._batcher import _Window
 from ._group import Job, Spec
 from ._latency import LatencyPrior
-from ._packing import pack_request
 from ._pricing import Price
 from ._prompt import (
     DEFAULT_MAX_ATTEMPTS,
@@ -37,6 +36,7 @@ from ._prompt import (
     DEFAULT_MAX_WAIT,
     PromptBatcher,
     budget_override,
+    shared_tokens,
     with_planner,
 )
 from ._prompt_stats import EventHook, PromptRecorder, PromptStatistics
@@ -256,8 +256,9 @@ class _Coalescer:
             options=dict(plan.options),
             recorder=self._recorder(plan.model),
         )
-        system = pack_request(spec.instructions, [None], schema).system
-        spec = dataclasses.replace(spec, shared_tokens=estimator_for(plan.model).count(system))
+        spec = dataclasses.replace(
+            spec, shared_tokens=shared_tokens(spec, estimator_for(plan.model))
+        )
         if o.latency_budget is None:
             return spec
         limits = {"max_items": o.max_items, "max_wait": o.max_wait}
