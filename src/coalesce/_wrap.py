@@ -381,8 +381,11 @@ def openai_stream(value: Any, job: _WrapJob, plan: Plan) -> CoalescedStream[Any]
     (``chatcmpl-coalesce-...``) and the requested model name.
     """
     text = value if plan.output_schema is None else _dumps(value)
-    reply = {"id": f"chatcmpl-coalesce-{uuid.uuid4().hex}", "created": int(time.time())}
-    reply["model"] = plan.model
+    reply = {
+        "id": f"chatcmpl-coalesce-{uuid.uuid4().hex}",
+        "created": int(time.time()),
+        "model": plan.model,
+    }
     chunks = openai_chunks(text, reply, include_usage=plan.include_usage, usage=_share(job))
     return CoalescedStream(chunks)
 
