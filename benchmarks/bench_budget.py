@@ -1,12 +1,15 @@
 """Groups sized against a latency budget, side by side with the alternatives.
 
-600 calls arrive as a Poisson stream at 100/s and go through ``coalesce.prompt`` to
-the simulated provider over real HTTP with the official openai SDK (time to first
-token 0.35 s, 80 output tokens/s, outputs of a couple of tens of tokens, a shared
-instruction of about 400 tokens). Three ways:
+600 calls arrive as a Poisson stream at 100/s and go to the simulated provider over
+real HTTP with the official openai SDK (time to first token 0.35 s, 80 output tokens/s,
+outputs of a couple of tens of tokens, a shared instruction of about 400 tokens). Four
+ways:
 
-* one call per item (``max_items=1``),
-* fixed groups of 20 (``max_items=20``, ``max_wait=0.5``, no budget),
+* one call per item, without coalesce: the SDK's ``parse`` with the output model, as
+  the application does today (the baseline of every ratio);
+* ``coalesce.prompt`` with groups of one (``max_items=1``): the same calls in coalesce's
+  packed format, to show what the format itself costs;
+* fixed groups of 20 (``max_items=20``, ``max_wait=0.5``, no budget);
 * coalesced at ``latency_budget=2.0`` with ``max_wait=0.5``: the planner sizes each group.
 
 It prints p50/p95/p99 latency, the share of calls within the budget, requests, prompt
@@ -32,7 +35,7 @@ import openai
 from pydantic import BaseModel
 
 import coalesce
-from coalesce._demo import run_mode, simulated_provider
+from coalesce._demo import run_mode, run_plain, simulated_provider
 from coalesce._planner import best_group_size
 from coalesce._pricing import cost, price_for
 from coalesce._tokens import count_tokens
@@ -103,16 +106,20 @@ def simulator() -> AbstractContextManager[str]:
 async def run(url: str, arrivals: list[float], **options: Any) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=url) as http:
         await http.post("/_sim/reset")
+    texts = tickets(len(arrivals))
     async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="sk-sim", timeout=30.0) as client:
-        latencies, _stats, batches = await run_mode(
-            client,
-            MODEL,
-            tickets(len(arrivals)),
-            arrivals,
-            instructions=INSTRUCTIONS,
-            output_type=Triage,
-            **options,
-        )
+        if options.get("plain"):
+            latencies, _usage = await run_plain(
+                client, MODEL, texts, arrivals, instructions=INSTRUCTIONS, output_type=Triage
+            )
+            mean_group, reasons = 1.0, {}
+        else:
+            latencies, _stats, batches = await run_mode(
+                client, MODEL, texts, arrivals, instructions=INSTRUCTIONS, output_type=Triage,
+                **options,
+            )  # fmt: skip
+            mean_group = batches.mean_batch_size
+            reasons = {k: v for k, v in batches.batches_by_reason.items() if v}
     async with httpx.AsyncClient(base_url=url) as http:
         totals = (await http.get("/_sim/stats")).json()["totals"]
     price = price_for(MODEL)
@@ -128,17 +135,20 @@ async def run(url: str, arrivals: list[float], **options: Any) -> dict[str, Any]
         "prompt_tokens": totals["prompt_tokens"],
         "completion_tokens": totals["completion_tokens"],
         "cost": cost(totals["prompt_tokens"], totals["completion_tokens"], price),
-        "mean_group": batches.mean_batch_size,
-        "reasons": {k: v for k, v in batches.batches_by_reason.items() if v},
+        "mean_group": mean_group,
+        "reasons": reasons,
     }
 
 
-def best_size(rate: float, one_per_item: dict[str, Any]) -> tuple[int, float]:
+def best_size(
+    rate: float, groups_of_one: dict[str, Any], plain: dict[str, Any]
+) -> tuple[int, float]:
     """The best group size for the budget, from the simulated model's parameters and
-    the tokens the provider reported for one item per request; and its prompt ratio."""
-    requests = one_per_item["requests"]
-    prompt_per_request = one_per_item["prompt_tokens"] / requests
-    output_per_item = one_per_item["completion_tokens"] / requests
+    the tokens the provider reported for coalesce's requests of one item; and its
+    prompt tokens against plain calls."""
+    requests = groups_of_one["requests"]
+    prompt_per_request = groups_of_one["prompt_tokens"] / requests
+    output_per_item = groups_of_one["completion_tokens"] / requests
     item_in = count_tokens(json.dumps(tickets(1)[0]), MODEL) + 10
     shared = max(0, round(prompt_per_request - item_in))
     size = best_group_size(
@@ -151,8 +161,8 @@ def best_size(rate: float, one_per_item: dict[str, Any]) -> tuple[int, float]:
         predict=lambda i, o: TTFT + PREFILL * i + o / TOKENS_PER_SECOND,
         streaming=True,  # coalesce.prompt streams: each caller is answered as its item is written
     )
-    ratio = (shared + size * item_in) / (size * (shared + item_in))
-    return size, ratio
+    plain_per_item = plain["prompt_tokens"] / plain["requests"]
+    return size, (shared + size * item_in) / (size * plain_per_item)
 
 
 async def main(calls: int, rate: float, seed: int, plot_path: str = "") -> None:
@@ -163,7 +173,8 @@ async def main(calls: int, rate: float, seed: int, plot_path: str = "") -> None:
         arrivals.append(at)
     runs = {}
     with simulator() as url:
-        runs["one call per item"] = await run(url, arrivals, max_items=1, max_wait=0.0)
+        runs["one call per item"] = await run(url, arrivals, plain=True)
+        runs["coalesce, groups of one"] = await run(url, arrivals, max_items=1, max_wait=0.0)
         runs["fixed groups of 20"] = await run(url, arrivals, max_items=20, max_wait=MAX_WAIT)
         runs[f"coalesce, budget {BUDGET:g} s"] = await run(
             url,
@@ -196,7 +207,7 @@ async def main(calls: int, rate: float, seed: int, plot_path: str = "") -> None:
             f" | {r['cost']:.4f} |"
         )
     planned = runs[f"coalesce, budget {BUDGET:g} s"]
-    best, best_ratio = best_size(rate, base)
+    best, best_ratio = best_size(rate, runs["coalesce, groups of one"], base)
     goal = 1 - 0.9 * (1 - best_ratio)  # 90% of the best size's savings
     print(
         f"\nBest group size for this budget (from the simulated model's parameters and the"

@@ -179,11 +179,57 @@ async def run_mode(
     return latencies, answer.statistics(), answer.batcher_statistics()
 
 
+async def run_plain(
+    client: Any,
+    model: str,
+    texts: Sequence[str],
+    arrivals: Sequence[float],
+    *,
+    advance: Callable[[], None] = lambda: None,
+    instructions: str = INSTRUCTIONS,
+    output_type: Any = Ticket,
+) -> tuple[list[float], tuple[int, int, int]]:
+    """Send each text at its arrival time as its own request, without coalesce: what
+    the application does today (the SDK's ``parse`` with the output model).
+
+    Returns:
+        Each call's latency, and the ``(requests, prompt, completion)`` token usage.
+    """
+    latencies: list[float] = []
+    usage = [0, 0, 0]
+
+    async def one(text: str) -> None:
+        start = time.perf_counter()
+        reply = await client.chat.completions.parse(
+            model=model,
+            messages=[
+                {"role": "system", "content": instructions},
+                {"role": "user", "content": text},
+            ],
+            response_format=output_type,
+        )
+        latencies.append(time.perf_counter() - start)
+        usage[0] += 1
+        if reply.usage is not None:
+            usage[1] += reply.usage.prompt_tokens
+            usage[2] += reply.usage.completion_tokens
+        advance()
+
+    origin = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for text, at in zip(texts, arrivals, strict=True):
+            delay = at - (time.perf_counter() - origin)
+            if delay > 0:
+                await anyio.sleep(delay)
+            tg.start_soon(one, text)
+    return latencies, (usage[0], usage[1], usage[2])
+
+
 def modes(budget: float, max_wait: float) -> list[tuple[str, dict[str, Any]]]:
     from ._latency import LatencyPrior
 
     return [
-        ("one call per item", {"max_items": 1, "max_wait": 0.0}),
+        ("one call per item", {"plain": True}),
         ("fixed groups of 20", {"max_items": 20, "max_wait": max_wait}),
         (
             f"coalesced, budget {budget:g} s",
@@ -259,22 +305,19 @@ async def _demo(args: argparse.Namespace, url: str | None) -> list[Result]:
             else:
                 client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="sk-simulated")
             async with client:
-                latencies, stats, batches = await run_mode(
-                    client, args.model, texts, arrivals, advance=advance, **options
-                )
-            total = cost(stats.input_tokens, stats.output_tokens, price) if price else float("nan")
-            results.append(
-                Result(
-                    name,
-                    latencies,
-                    args.budget,
-                    stats.requests,
-                    stats.input_tokens,
-                    stats.output_tokens,
-                    total,
-                    batches.mean_batch_size,
-                )
-            )
+                if options.get("plain"):
+                    latencies, usage = await run_plain(
+                        client, args.model, texts, arrivals, advance=advance
+                    )
+                    mean_group = 1.0
+                else:
+                    latencies, stats, batches = await run_mode(
+                        client, args.model, texts, arrivals, advance=advance, **options
+                    )
+                    usage = (stats.requests, stats.input_tokens, stats.output_tokens)
+                    mean_group = batches.mean_batch_size
+            total = cost(usage[1], usage[2], price) if price else float("nan")
+            results.append(Result(name, latencies, args.budget, *usage, total, mean_group))
     return results
 
 
