@@ -62,3 +62,28 @@ def real_time_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, An
             return real_time_backend
     """
     return (str(request.param), {})
+
+
+@pytest.fixture(autouse=True)
+def _sdk_platform_inline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Detect the SDKs' platform inline, not in a worker thread.
+
+    On a client's first request (and every copy's, ``with_options`` included) the
+    openai and anthropic SDKs call ``get_platform`` through ``asyncify``, a worker
+    thread. Under a virtual clock, time jumps ahead whenever every task is blocked,
+    waiting on that thread included, so the request being sent falls behind by however
+    far the clock jumped: a group planned to the edge of its budget then arrives late
+    (rarely, on trio, whose scheduling order is random). The call is a few platform
+    lookups; inline it costs nothing.
+    """
+    import anthropic._base_client
+    import openai._base_client
+
+    def inline(function: Any) -> Any:
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            return function(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(openai._base_client, "asyncify", inline)
+    monkeypatch.setattr(anthropic._base_client, "asyncify", inline)

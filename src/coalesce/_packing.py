@@ -5,7 +5,8 @@ A packed request is two messages (see ``docs/protocol.md``):
 * **system**: the user's shared instructions, then a description of the reply format.
   Both are the same for every request of one function, so provider prompt caching
   applies; nothing request-specific goes here.
-* **user**: exactly ``json.dumps([{"id": "1", "input": ...}, ...], ensure_ascii=False)``.
+* **user**: exactly ``json.dumps([{"id": "1", "input": ...}, ...], ensure_ascii=False,
+  separators=(",", ":"))``.
 
 Ids are ``"1"``, ``"2"``, ... ``"n"`` in request order (:func:`make_ids`): short, unique,
 and a model that writes the number ``3`` for ``"3"`` still matches, since reply ids are
@@ -70,8 +71,8 @@ def pack_items(items: Sequence[tuple[str, Any]]) -> str:
             dumped with ``model_dump(mode="json")``.
 
     Returns:
-        ``[{"id": ..., "input": ...}, ...]`` as JSON (``ensure_ascii=False``), so no
-        input's content can break the structure.
+        ``[{"id":...,"input":...},...]`` as compact JSON (``ensure_ascii=False``), so
+        no input's content can break the structure.
 
     Raises:
         ConfigurationError: The ids are not unique strings, or an input is not JSON-able.
@@ -83,6 +84,7 @@ def pack_items(items: Sequence[tuple[str, Any]]) -> str:
             ensure_ascii=False,
             allow_nan=False,
             default=_jsonable,
+            separators=(",", ":"),  # compact: every space would be paid per item
         )
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(
@@ -229,23 +231,28 @@ def format_instructions(output_schema: Mapping[str, Any] | None = None) -> str:
     """The reply-format description that follows the instructions in the system message.
 
     It mentions no id and no count, so it is identical for every request of the same
-    function and the provider's prompt cache keeps applying.
+    function and the provider's prompt cache keeps applying. When the provider enforces
+    the reply schema (structured output), the schema already spells out the reply's
+    shape, so the description is one sentence (it is paid on every request).
 
     Args:
         output_schema: Include this schema of one output, for providers without
             structured output; leave ``None`` when the provider enforces the reply schema.
     """
-    text = (
+    items = (
         'The user message is a JSON array of items, each {"id": ..., "input": ...}. '
-        "Apply the instructions above to each item's input on its own.\n"
+        "Apply the instructions above to each item's input on its own"
+    )
+    if output_schema is None:
+        return f"{items}, and give each item's output with its id."
+    text = (
+        f"{items}.\n"
         "Reply with one JSON object and nothing else (no prose, no code fence): "
         '{"results": [{"id": <the item\'s id, copied exactly>, "output": <its output>}, ...]} '
         "with exactly one result per item and each id exactly once."
     )
-    if output_schema is not None:
-        schema = json.dumps(dict(output_schema), ensure_ascii=False, sort_keys=True)
-        text += f"\nEach output must be valid against this JSON schema: {schema}"
-    return text
+    schema = json.dumps(dict(output_schema), ensure_ascii=False, sort_keys=True)
+    return f"{text}\nEach output must be valid against this JSON schema: {schema}"
 
 
 @dataclass(frozen=True)
