@@ -659,13 +659,28 @@ async def test_wrapped_client_statistics_per_model() -> None:
     )
     client = cast(coalesce.CoalescedClient, wrapped)
     assert client.statistics() == {}
-    await gather(10, lambda i: wrapped.chat.completions.create(**chat(f"q{i}")))
+    long = {"role": "system", "content": " ".join(["Answer with care."] * 100)}
+
+    def ask(i: int) -> Any:
+        user = {"role": "user", "content": f"q{i}"}
+        return wrapped.chat.completions.create(model="gpt-4o-mini", messages=[long, user])
+
+    await gather(10, ask)
     await wrapped.chat.completions.create(**chat("alone", n=2))  # passed through: not counted
-    await wrapped.close()
     stats = client.statistics()["gpt-4o-mini"]
     assert (stats.calls, stats.requests, stats.items_per_request) == (10, 2, 5.0)
     assert stats.within_budget == 1.0
     assert stats.input_tokens == sum(r.prompt_tokens for r in sim.requests if r.items > 1)
+    # Long shared instructions: five plain calls would have paid them five times.
     assert stats.input_tokens < stats.input_tokens_one_per_item
-    assert 0 < stats.savings < 1
+    assert 0.5 < stats.savings < 1
     assert events
+    # A three-word system prompt: the packing costs more than it shares.
+    await gather(5, lambda i: wrapped.chat.completions.create(**chat(f"s{i}")))
+    await wrapped.close()
+    short = client.statistics()["gpt-4o-mini"]
+    assert short.requests == 3
+    assert short.savings < stats.savings
+    packed = sim.requests[-1]
+    assert packed.items == 5
+    assert packed.prompt_tokens > short.input_tokens_one_per_item - stats.input_tokens_one_per_item

@@ -79,6 +79,8 @@ class Spec:
     planner: Planning | None = None
     recorder: PromptRecorder | None = None
     shared_tokens: int = 0
+    plain_shared_tokens: int | None = None  # what a plain call pays besides its item
+    frame_tokens: int = 0  # the {"id": ...} frame around each item and each answer
 
 
 class Planning:
@@ -274,6 +276,8 @@ async def _ask(
                 len(members),
                 completion.usage,
                 shared_input_tokens=spec.shared_tokens,
+                plain_shared_input_tokens=spec.plain_shared_tokens,
+                frame_tokens=spec.frame_tokens,
                 ttft=completion.ttft,
                 seconds=completion.seconds,
                 reask=reask,

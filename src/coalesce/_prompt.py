@@ -51,6 +51,7 @@ __all__ = [
     "prompt",
     "shared_tokens",
     "with_planner",
+    "with_token_shares",
 ]
 
 P = ParamSpec("P")
@@ -398,14 +399,27 @@ def _decorate(
             prices=options.pop("prices", None),
             on_event=options.pop("on_event", None),
         ),
-        shared_tokens=shared_tokens(spec, estimator or estimator_for(model)),
     )
+    spec = with_token_shares(spec, estimator or estimator_for(model))
     if budget is not None:
         spec = with_planner(spec, batch_options, output_prior, latency_prior, estimator)
     if partition is not None:
         batch_options["partition"] = _job_partition
     batcher = PromptBatcher(spec, **batch_options)
     return PromptFunction(fn, spec, batcher, partition, budget)
+
+
+def with_token_shares(spec: Spec, estimator: TokenEstimator) -> Spec:
+    """``spec`` with its shared, plain-call and frame token estimates filled in."""
+    plain = estimator.count(spec.instructions)
+    if spec.provider.structured:
+        plain += estimator.count(json.dumps(dict(spec.output_schema), separators=(",", ":")))
+    return dataclasses.replace(
+        spec,
+        shared_tokens=shared_tokens(spec, estimator),
+        plain_shared_tokens=plain,
+        frame_tokens=estimator.count('{"id":"1","output":},'),
+    )
 
 
 def shared_tokens(spec: Spec, estimator: TokenEstimator) -> int:

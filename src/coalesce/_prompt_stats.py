@@ -206,8 +206,9 @@ class PromptStatistics(NamedTuple):
     cached_input_tokens: int
     #: Reply tokens the provider reported.
     output_tokens: int
-    #: Prompt tokens the same items would have used sent one per request (the shared
-    #: instructions paid once per item instead of once per request).
+    #: Prompt tokens the same items would have used as plain calls, one per request,
+    #: without coalesce (the instructions and output schema paid once per item, no
+    #: packing format or frames): an estimate.
     input_tokens_one_per_item: int
     #: Estimated dollars spent.
     estimated_cost: float
@@ -311,6 +312,8 @@ class PromptRecorder:
         usage: Usage | None,
         *,
         shared_input_tokens: int,
+        plain_shared_input_tokens: int | None = None,
+        frame_tokens: int = 0,
         ttft: float | None = None,
         seconds: float | None = None,
         reask: bool = False,
@@ -321,8 +324,13 @@ class PromptRecorder:
             items: Items in its prompt.
             usage: Tokens the provider reported, or ``None``.
             shared_input_tokens: Prompt tokens sent once per request whatever its
-                items (the instructions and the packing frame, an estimate): one
-                request per item would have paid them ``items`` times.
+                items (the instructions and the packing format, an estimate).
+            plain_shared_input_tokens: What a plain call of one item, without
+                coalesce, pays besides its item (instructions and output schema, an
+                estimate); one call per item pays it ``items`` times. ``None``: the
+                same as ``shared_input_tokens`` (the packed format's requests of one).
+            frame_tokens: Tokens of the ``{"id": ..., ...}`` frame around each item
+                and each answer, which a plain call does not pay.
             ttft: Seconds to the first reply text, when streamed.
             seconds: Seconds from sending to the end of the reply.
             reask: Whether it asked again for items an earlier reply failed.
@@ -332,7 +340,12 @@ class PromptRecorder:
         self._reasks += items if reask else 0
         if ttft is not None:
             self._ttft.extend((ttft,))
-        spent, solo = self._add_usage(items, usage, shared_input_tokens, reask)
+        plain = (
+            shared_input_tokens if plain_shared_input_tokens is None else plain_shared_input_tokens
+        )
+        spent, solo = self._add_usage(
+            items, usage, (shared_input_tokens, plain, frame_tokens), reask
+        )
         if self._otel is not None:
             self._otel.request(items, usage, ttft, seconds, spent, solo, reask)
         if self._on_event is not None:
@@ -417,15 +430,22 @@ class PromptRecorder:
         )
 
     def _add_usage(
-        self, items: int, usage: Usage | None, shared: int, reask: bool
+        self, items: int, usage: Usage | None, shares: tuple[int, int, int], reask: bool
     ) -> tuple[float, float]:
-        """Add one reply's tokens and costs; return its cost and its one-per-item cost."""
+        """Add one reply's tokens and costs; return its cost and its one-per-item cost.
+
+        ``shares`` is (shared tokens of this request, what a plain call pays besides its
+        item, the frame around each item and answer): one call per item would have sent
+        each item's own tokens with the plain shared part, and no frames.
+        """
         if usage is None:
             return math.nan, math.nan
+        shared, plain, frame = (max(0, n) for n in shares)
         # A re-ask's items were counted when first asked: one request per item would
         # not have needed it, so it adds to the cost and not to the comparison.
-        solo_input = 0 if reask else usage.input_tokens + (items - 1) * max(shared, 0)
-        solo_output = 0 if reask else usage.output_tokens
+        own_input = max(0, usage.input_tokens - shared - items * frame)
+        solo_input = 0 if reask else own_input + items * plain
+        solo_output = 0 if reask else max(0, usage.output_tokens - items * frame)
         self._input += usage.input_tokens
         self._cached += usage.cached_input_tokens
         self._output += usage.output_tokens

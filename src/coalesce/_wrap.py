@@ -14,7 +14,6 @@ charges it to the jobs that reply carried.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import time
@@ -36,8 +35,8 @@ from ._prompt import (
     DEFAULT_MAX_WAIT,
     PromptBatcher,
     budget_override,
-    shared_tokens,
     with_planner,
+    with_token_shares,
 )
 from ._prompt_stats import EventHook, PromptRecorder, PromptStatistics
 from ._tokens import estimator_for
@@ -256,9 +255,7 @@ class _Coalescer:
             options=dict(plan.options),
             recorder=self._recorder(plan.model),
         )
-        spec = dataclasses.replace(
-            spec, shared_tokens=shared_tokens(spec, estimator_for(plan.model))
-        )
+        spec = with_token_shares(spec, estimator_for(plan.model))
         if o.latency_budget is None:
             return spec
         limits = {"max_items": o.max_items, "max_wait": o.max_wait}
