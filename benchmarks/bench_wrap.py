@@ -31,7 +31,7 @@ import httpx
 import openai
 
 import coalesce
-from coalesce._demo import simulated_provider
+from coalesce._demo import at_arrivals, simulated_provider
 
 MODEL = "gpt-4o-mini"
 SYSTEM = (
@@ -71,13 +71,7 @@ async def run(url: str, arrivals: list[float], mode: str) -> dict[str, Any]:
             answered = time.perf_counter()
         latencies.append(answered - start)
 
-    origin = time.perf_counter()
-    async with anyio.create_task_group() as tg:
-        for i, at in enumerate(arrivals):
-            delay = at - (time.perf_counter() - origin)
-            if delay > 0:
-                await anyio.sleep(delay)
-            tg.start_soon(one, i)
+    await at_arrivals(arrivals, range(len(arrivals)), one)
     await client.close()
     async with httpx.AsyncClient(base_url=url) as http:
         totals = (await http.get("/_sim/stats")).json()["totals"]

@@ -432,6 +432,18 @@ async def settle_all(n: int, call: Any) -> list[Any]:
     return await gather(n, guarded)
 
 
+def assert_none_wrong(sim: SimulatedProvider, answers: list[Any]) -> None:
+    """Faults were injected, and caller ``i`` got ``n{i}``'s answer or an ItemError."""
+    assert sim.statistics().faults > 0
+    wrong = [
+        i
+        for i, answer in enumerate(answers)
+        if not isinstance(answer, coalesce.ItemError)
+        and answer != sim.expected_output(f"n{i}", TEXT)
+    ]
+    assert wrong == []
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("sdk", ["openai", "anthropic"])
 async def test_injected_faults_never_give_a_wrong_answer(sdk: str) -> None:
@@ -446,14 +458,7 @@ async def test_injected_faults_never_give_a_wrong_answer(sdk: str) -> None:
         replies = await settle_all(200, lambda i: client.messages.create(**msg(f"n{i}")))
         answers = [r if isinstance(r, Exception) else r.content[0].text for r in replies]
     await client.aclose()
-    assert sim.statistics().faults > 0
-    wrong = [
-        i
-        for i, answer in enumerate(answers)
-        if not isinstance(answer, coalesce.ItemError)
-        and answer != sim.expected_output(f"n{i}", TEXT)
-    ]
-    assert wrong == []
+    assert_none_wrong(sim, answers)
     # A re-asked item meets the same odds again: rarely, one runs out of attempts.
     assert sum(isinstance(a, Exception) for a in answers) <= 2
 
@@ -470,14 +475,7 @@ async def test_injected_faults_never_give_a_streaming_caller_a_wrong_answer() ->
 
     answers = await settle_all(200, one)
     await client.aclose()
-    assert sim.statistics().faults > 0
-    wrong = [
-        i
-        for i, answer in enumerate(answers)
-        if not isinstance(answer, coalesce.ItemError)
-        and answer != sim.expected_output(f"n{i}", TEXT)
-    ]
-    assert wrong == []
+    assert_none_wrong(sim, answers)
     assert sum(isinstance(a, Exception) for a in answers) <= 2
 
 

@@ -21,12 +21,14 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import anyio
 from pydantic import BaseModel
+
+T = TypeVar("T")
 
 __all__ = ["main"]
 
@@ -137,6 +139,20 @@ def simulated_provider(**settings: Any) -> Iterator[str]:
         os.unlink(file.name)
 
 
+async def at_arrivals(
+    arrivals: Sequence[float], items: Sequence[T], call: Callable[[T], Coroutine[Any, Any, None]]
+) -> None:
+    """Start ``call(item)`` for each item at its arrival time (seconds from now, real
+    time), and wait for all of them."""
+    origin = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for item, at in zip(items, arrivals, strict=True):
+            delay = at - (time.perf_counter() - origin)
+            if delay > 0:
+                await anyio.sleep(delay)
+            tg.start_soon(call, item)
+
+
 async def run_mode(
     client: Any,
     model: str,
@@ -168,13 +184,7 @@ async def run_mode(
         latencies.append(time.perf_counter() - start)
         advance()
 
-    origin = time.perf_counter()
-    async with anyio.create_task_group() as tg:
-        for text, at in zip(texts, arrivals, strict=True):
-            delay = at - (time.perf_counter() - origin)
-            if delay > 0:
-                await anyio.sleep(delay)
-            tg.start_soon(one, text)
+    await at_arrivals(arrivals, texts, one)
     await answer.aclose()
     return latencies, answer.statistics(), answer.batcher_statistics()
 
@@ -215,13 +225,7 @@ async def run_plain(
             usage[2] += reply.usage.completion_tokens
         advance()
 
-    origin = time.perf_counter()
-    async with anyio.create_task_group() as tg:
-        for text, at in zip(texts, arrivals, strict=True):
-            delay = at - (time.perf_counter() - origin)
-            if delay > 0:
-                await anyio.sleep(delay)
-            tg.start_soon(one, text)
+    await at_arrivals(arrivals, texts, one)
     return latencies, (usage[0], usage[1], usage[2])
 
 

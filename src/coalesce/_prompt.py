@@ -100,6 +100,20 @@ class PromptBatcher(Batcher[Job, Any]):
         self._plans = spec.planner is not None
         super().__init__(_unused, name=spec.name, **options)
 
+    async def answer(self, job: Job, now: float, budget: float | None) -> Any:
+        """Await ``job``'s result (it arrived at ``now``), recording the call."""
+        recorder = self._spec.recorder
+        if recorder is None:
+            return await self(job)
+        ok = False
+        try:
+            result = await self(job)
+            ok = True
+        finally:
+            wait = None if job.dispatched_at is None else job.dispatched_at - now
+            recorder.call_finished(anyio.current_time() - now, wait=wait, budget=budget, ok=ok)
+        return result
+
     def _dispatch(self, window: _Window, reason: DispatchReason) -> None:
         super()._dispatch(window, reason)
         if self._spec.recorder is not None:
@@ -186,17 +200,7 @@ class PromptFunction(Generic[P, Out]):
         planning = self._spec.planner
         if planning is not None:
             job.plan = planning.plan_item(item, partition, deadline, now)
-        recorder = self._spec.recorder
-        if recorder is None:
-            return await self._batcher(job)  # type: ignore[no-any-return]
-        ok = False
-        try:
-            result = await self._batcher(job)
-            ok = True
-        finally:
-            wait = None if job.dispatched_at is None else job.dispatched_at - now
-            recorder.call_finished(anyio.current_time() - now, wait=wait, budget=budget, ok=ok)
-        return result  # type: ignore[no-any-return]
+        return await self._batcher.answer(job, now, budget)  # type: ignore[no-any-return]
 
     async def _item(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         bound = self._signature.bind(*args, **kwargs)

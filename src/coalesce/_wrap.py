@@ -284,17 +284,7 @@ class _Coalescer:
         planning = batcher._spec.planner
         if planning is not None:
             job.plan = planning.plan_item(plan.item, None, deadline, now)
-        recorder = batcher._spec.recorder
-        assert recorder is not None
-        ok = False
-        try:
-            value = await batcher(job)
-            ok = True
-        finally:
-            wait = None if job.dispatched_at is None else job.dispatched_at - now
-            latency = anyio.current_time() - now
-            recorder.call_finished(latency, wait=wait, budget=budget, ok=ok)
-        return value, job
+        return await batcher.answer(job, now, budget), job
 
     async def aclose(self) -> None:
         for batcher in list(self._batchers.values()):
