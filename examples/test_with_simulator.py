@@ -33,8 +33,7 @@ async def tag_reviews(client: openai.AsyncOpenAI, reviews: list[str]) -> list[An
             {"role": "user", "content": json.dumps(items)},
         ],
     )
-    results = json.loads(reply.choices[0].message.content or "")["results"]
-    by_id = {result["id"]: result["output"] for result in results}
+    by_id = json.loads(reply.choices[0].message.content or "")["results"]  # {id: answer}
     return [by_id[item["id"]] for item in items]  # KeyError if the model skipped one
 
 

@@ -141,7 +141,12 @@ def test_large_reply_in_one_char_chunks_stays_linear() -> None:
     reply = json.dumps({"results": [{"id": "1", "output": big}]})
     scanner = ResultScanner()
     found = [obj for char in reply for obj in scanner.feed(char)]
-    assert json.loads(found[0])["output"] == big
+    assert json.loads(found[0].text)["output"] == big
+    assert found[0].key is None
+    keyed = json.dumps({"results": {"1": big, "2": [big]}})
+    scanner = ResultScanner()
+    found = [obj for char in keyed for obj in scanner.feed(char)]
+    assert [(f.key, json.loads(f.text)) for f in found] == [("1", big), ("2", [big])]
 
 
 @st.composite

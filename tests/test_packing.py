@@ -1,4 +1,5 @@
-"""Wire format v1: builders and the complete-reply split (pure; no event loop)."""
+"""Wire format 2 (and format 1 replies): builders and the complete-reply split (pure;
+no event loop)."""
 
 from __future__ import annotations
 
@@ -116,11 +117,21 @@ def test_pack_items_rejects_bad_ids_and_inputs(items: Any) -> None:
         pack_items(items)
 
 
+def output_of(schema: dict[str, Any]) -> dict[str, Any]:
+    """The output schema one result of a reply schema refers to."""
+    results = schema["properties"]["results"]
+    entry = next(iter(results["properties"].values()), None) if "properties" in results else None
+    ref = (entry or results["additionalProperties"])["$ref"]
+    found: dict[str, Any] = resolve(schema, ref)
+    return found
+
+
 def test_reply_schema_hoists_defs_and_refs_resolve() -> None:
     schema = build_reply_schema(Person.model_json_schema(), make_ids(2), pin=True)
-    assert set(schema["$defs"]) == {"Address"}
-    output = schema["properties"]["results"]["items"]["properties"]["output"]
+    assert set(schema["$defs"]) == {"Address", "Output"}
+    output = output_of(schema)
     assert "$defs" not in output
+    assert output["properties"]["home"] == {"$ref": "#/$defs/Address"}
     assert refs(schema)
     for ref in refs(schema):
         assert isinstance(resolve(schema, ref), dict)
@@ -128,11 +139,17 @@ def test_reply_schema_hoists_defs_and_refs_resolve() -> None:
 
 def test_reply_schema_recursive_model() -> None:
     schema = build_reply_schema(Node.model_json_schema(), None, pin=False)
-    output = schema["properties"]["results"]["items"]["properties"]["output"]
-    assert resolve(schema, output["$ref"])["properties"]["label"] == {
-        "title": "Label",
-        "type": "string",
-    }
+    node = resolve(schema, output_of(schema)["$ref"])
+    assert node["properties"]["label"] == {"title": "Label", "type": "string"}
+    assert resolve(schema, node["properties"]["children"]["items"]["$ref"]) is node
+
+
+def test_reply_schema_output_name_does_not_clash() -> None:
+    source = {"$ref": "#/$defs/Output", "$defs": {"Output": {"type": "integer"}}}
+    schema = build_reply_schema(source, ["1"], pin=True)
+    assert set(schema["$defs"]) == {"Output", "Output1"}
+    assert schema["properties"]["results"]["properties"]["1"] == {"$ref": "#/$defs/Output1"}
+    assert resolve(schema, output_of(schema)["$ref"]) == {"type": "integer"}
 
 
 def test_reply_schema_rewrites_root_and_definitions_refs() -> None:
@@ -146,26 +163,44 @@ def test_reply_schema_rewrites_root_and_definitions_refs() -> None:
         "definitions": {"A": {"type": "integer"}},
     }
     schema = build_reply_schema(legacy, None, pin=False)
-    output = schema["properties"]["results"]["items"]["properties"]["output"]
+    output = output_of(schema)
     assert resolve(schema, output["properties"]["self"]["$ref"]) is output
     assert resolve(schema, output["properties"]["a"]["$ref"]) == {"type": "integer"}
     assert resolve(schema, output["properties"]["b"]["$ref"]) == {"$ref": "#/$defs/A"}
 
 
-def test_reply_schema_pins_ids_and_count() -> None:
+def test_reply_schema_pins_every_id_as_a_required_key_in_order() -> None:
     schema = build_reply_schema({"type": "integer"}, ["1", "2", "3"], pin=True)
     results = schema["properties"]["results"]
-    assert results["minItems"] == results["maxItems"] == 3
-    assert results["items"]["properties"]["id"] == {"type": "string", "enum": ["1", "2", "3"]}
-    assert results["items"]["required"] == ["id", "output"]
+    assert results["type"] == "object"
+    assert list(results["properties"]) == results["required"] == ["1", "2", "3"]
+    assert results["additionalProperties"] is False
+    assert all(p == {"$ref": "#/$defs/Output"} for p in results["properties"].values())
     assert schema["required"] == ["results"]
+    assert schema["$defs"]["Output"] == {"type": "integer"}
 
 
 def test_reply_schema_unpinned_is_the_same_for_any_request() -> None:
     schema = build_reply_schema({"type": "integer"}, ["1"], pin=False)
     assert schema == build_reply_schema({"type": "integer"}, None, pin=False)
-    assert "enum" not in schema["properties"]["results"]["items"]["properties"]["id"]
-    assert "minItems" not in schema["properties"]["results"]
+    results = schema["properties"]["results"]
+    assert "properties" not in results
+    assert results["additionalProperties"] == {"$ref": "#/$defs/Output"}
+
+
+def test_reply_schema_format_one_pins_ids_and_count() -> None:
+    schema = build_reply_schema({"type": "integer"}, ["1", "2", "3"], pin=True, keyed=False)
+    results = schema["properties"]["results"]
+    assert results["minItems"] == results["maxItems"] == 3
+    assert results["items"]["properties"]["id"] == {"type": "string", "enum": ["1", "2", "3"]}
+    assert results["items"]["properties"]["output"] == {"$ref": "#/$defs/Output"}
+    assert results["items"]["required"] == ["id", "output"]
+    loose = build_reply_schema({"type": "integer"}, None, pin=False, keyed=False)
+    assert "minItems" not in loose["properties"]["results"]
+    assert "enum" not in loose["properties"]["results"]["items"]["properties"]["id"]
+    request = pack_request("Classify.", ["a"], {"type": "integer"}, structured=False, keyed=False)
+    assert '{"results": [{"id": <the item' in request.system
+    assert request.reply_schema["properties"]["results"]["type"] == "array"
 
 
 def test_reply_schema_pin_needs_ids() -> None:
@@ -202,9 +237,10 @@ def test_strict_schema_inlines_ref_with_siblings() -> None:
 def test_format_instructions_is_request_independent() -> None:
     structured = format_instructions()  # the reply schema spells out the shape
     assert '"id"' in structured
+    assert "under its id" in structured
     assert "Each output" not in structured
     described = format_instructions({"type": "integer"})
-    assert '"results"' in described
+    assert '{"results": {"<id>": <its output>' in described
     assert '"type": "integer"' in described
     assert len(structured) < len(described) / 2
 
@@ -265,6 +301,10 @@ def kinds(split: Split[Any]) -> dict[str, Any]:
         '[{"id": "2", "output": 20}, {"id": "1", "output": 10}, {"id": "3", "output": 30}]',
         '{"note": "]}", "data": {"results": [{"id": "1", "output": 10}, {"id": "2", "output": 20},'
         ' {"id": "3", "output": 30}]}}',
+        '{"results":{"1":10,"2":20,"3":30}}',
+        '{"results": {"3": 30, "1": 10, "2": 20}}',
+        'Sure {here it is}:\n```json\n{"results": {\n  "2": 20,\n  "3": 30,\n  "1": 10\n}}\n```',
+        '{"note": "}", "data": {"results": {"1": 10, "2": 20, "3": 30,},},}',
     ],
 )
 def test_split_maps_by_id_through_noise(text: str) -> None:
@@ -290,6 +330,55 @@ def test_split_fails_only_the_bad_items() -> None:
     assert split.failures["1"].raw == "ten"
     assert "not an int" in split.failures["1"].error
     assert split.unknown_ids == ("9",)
+
+
+def test_split_keyed_outputs_of_every_json_type() -> None:
+    outputs = {"1": 'a "}]} \\ \u00e9', "2": None, "3": -1.5e3, "4": [1, {"x": "]"}], "5": True}
+    text = json.dumps({"results": outputs})
+    split = split_reply(text, list(outputs), lambda raw: raw)
+    assert split.values == outputs
+    assert split.ok
+
+
+def test_split_keyed_bad_values_fail_only_their_own_id() -> None:
+    text = '{"results": {"1": "ten", "2": 20, "9": 30, "3": {oops}, "4": tru, "5": 5}}'
+    split = split_reply(text, ["1", "2", "3", "4", "5", "6"], as_int)
+    assert kinds(split) == {
+        "1": FailureKind.INVALID,
+        "2": 20,
+        "3": FailureKind.INVALID,  # captured, but not JSON
+        "4": FailureKind.INVALID,  # not a JSON literal
+        "5": 5,
+        "6": FailureKind.MISSING,
+    }
+    assert split.failures["3"].raw == "{oops}"
+    assert split.failures["4"].raw == "tru"
+    assert split.unknown_ids == ("9",)
+
+
+def test_split_keyed_object_without_the_results_wrapper() -> None:
+    split = split_reply('Here: {"note": {"1": 7}, "2": 20, "1": 10, "9": 0}', ["1", "2"], as_int)
+    assert split.values == {"1": 10, "2": 20}  # "note" is not an id: nothing inside it counts
+    assert split.unknown_ids == ("9",)
+    # A damaged wrapper ("{results{" for '{"results":{') leaves the object readable.
+    split = split_reply('{results{"1":10,"2":20},', ["1", "2"], as_int)
+    assert split.values == {"1": 10, "2": 20}
+    nested = split_reply('{"data": {"1": 10}}', ["1"], as_int)  # only at top level
+    assert nested.failures["1"].kind is FailureKind.MISSING
+
+
+def test_split_keyed_duplicates_judged_like_format_one() -> None:
+    text = '{"results": {"1": 1, "2": 2, "1": 5, "2": 2}}'  # a JSON parser keeps the last
+    split = split_reply(text, ["1", "2"], as_int)
+    assert kinds(split) == {"1": FailureKind.DUPLICATE, "2": 2}
+    assert split.failures["1"].raw == [1, 5]
+
+
+def test_split_keyed_salvages_before_a_cut() -> None:
+    for text in ('{"results": {"2": 2, "1": 1, "3": 3', '{"results": {"2": 2, "1": 1, "3": "thr'):
+        split = split_reply(text, IDS, lambda raw: raw)
+        assert kinds(split) == {"1": 1, "2": 2, "3": FailureKind.TRUNCATED}
+        assert split.truncated
 
 
 def test_split_differing_duplicates_fail_that_id_only() -> None:
@@ -436,6 +525,8 @@ def cases(draw: st.DrawFn) -> Case:
 
 
 def render(draw: st.DrawFn, inputs: dict[str, Any], entries: list[tuple[str, Any]]) -> Case:
+    if draw(st.booleans()):
+        return render_keyed(draw, inputs, entries)
     space = st.sampled_from(["", " ", "\n  "])
     text = draw(st.sampled_from(["", "Here you go:\n", "```json\n", "Sure {see below} [1]:\n"]))
     bare = draw(st.booleans())
@@ -450,6 +541,25 @@ def render(draw: st.DrawFn, inputs: dict[str, Any], entries: list[tuple[str, Any
         text += ("," if n else "") + draw(space) + "{" + ", ".join(pair) + draw(space) + "}"
         results.append((item_id, raw, len(text)))
     text += draw(space) + ("]" if bare else "]}")
+    text += draw(st.sampled_from(["", "\n```", "\nHope this helps {:}"]))
+    cut = draw(st.one_of(st.none(), st.integers(0, len(text))))
+    return Case(inputs, text, results, cut)
+
+
+def render_keyed(draw: st.DrawFn, inputs: dict[str, Any], entries: list[tuple[str, Any]]) -> Case:
+    """Format 2: ``{"results": {"<id>": <output>, ...}}``, duplicate keys and all."""
+    space = st.sampled_from(["", " ", "\n  "])
+    text = draw(st.sampled_from(["", "Here you go:\n", "```json\n", "Sure {see below} [1]:\n"]))
+    text += draw(st.sampled_from(['{"results": {', '{"note": "]}", "results":{']))
+    results = []
+    for n, (item_id, raw) in enumerate(entries):
+        key = json.dumps(item_id, ensure_ascii=draw(st.booleans()))
+        dumps = json.dumps(raw, ensure_ascii=draw(st.booleans()))
+        text += ("," if n else "") + draw(space) + key + ":" + draw(space) + dumps
+        # A literal (null, a number) is complete only once the next character is seen.
+        literal = not dumps.startswith(("{", "[", '"'))
+        results.append((item_id, raw, len(text) + literal))
+    text += draw(space) + "}}"
     text += draw(st.sampled_from(["", "\n```", "\nHope this helps {:}"]))
     cut = draw(st.one_of(st.none(), st.integers(0, len(text))))
     return Case(inputs, text, results, cut)

@@ -51,7 +51,9 @@ def linear(overhead: float = 0.5, prefill: float = 1e-4, decode: float = 0.02) -
 
 
 PREDICT = linear()
-LIMITS = PlanLimits(max_items=8, max_wait=1.0, shared_tokens=100, per_item_overhead_tokens=10)
+# Wrappers of 10 tokens on each side keep the arithmetic below easy to follow.
+FRAMES = {"per_item_overhead_tokens": 10, "per_item_output_overhead_tokens": 10}
+LIMITS = PlanLimits(max_items=8, max_wait=1.0, shared_tokens=100, **FRAMES)
 
 
 def item(
@@ -83,6 +85,9 @@ def test_invalid_limits_are_refused(kwargs: dict[str, float]) -> None:
 def test_group_tokens_pay_shared_once_and_the_wrapper_per_item_on_both_sides() -> None:
     assert group_tokens([], LIMITS) == (100, 0)
     assert group_tokens([item(50, 40), item(30, 5)], LIMITS) == (100 + 80 + 20, 45 + 20)
+    # The two sides' wrappers differ (format 2: ~20 tokens in, ~3 out).
+    framed = PlanLimits(shared_tokens=100)
+    assert group_tokens([item(50, 40), item(30, 5)], framed) == (100 + 80 + 40, 45 + 6)
 
 
 # -- admit ----------------------------------------------------------------------------
@@ -118,11 +123,11 @@ def test_the_new_items_own_deadline_counts_too() -> None:
 @pytest.mark.parametrize(
     ("limits", "reason"),
     [
-        (PlanLimits(max_items=2), DispatchReason.FULL),
+        (PlanLimits(max_items=2, **FRAMES), DispatchReason.FULL),
         # Two items: 120 input + 100 output (wrappers included, no shared tokens).
-        (PlanLimits(context_window=219), DispatchReason.TOKENS),
-        (PlanLimits(max_output_tokens=99), DispatchReason.TOKENS),
-        (PlanLimits(context_window=220, max_output_tokens=100), None),
+        (PlanLimits(context_window=219, **FRAMES), DispatchReason.TOKENS),
+        (PlanLimits(max_output_tokens=99, **FRAMES), DispatchReason.TOKENS),
+        (PlanLimits(context_window=220, max_output_tokens=100, **FRAMES), None),
     ],
 )
 def test_the_window_goes_first_when_the_item_would_not_fit(
@@ -140,11 +145,16 @@ def test_full_after_add() -> None:
     assert full_after_add([item()] * 7, LIMITS) is None
     assert full_after_add([item()] * 8, LIMITS) is DispatchReason.FULL
     one = (50 + 10) + (40 + 10)  # input + output of one item, no shared tokens
-    assert full_after_add([item()], PlanLimits(context_window=one)) is DispatchReason.TOKENS
-    assert full_after_add([item()], PlanLimits(context_window=one + 1)) is None
-    assert full_after_add([item()], PlanLimits(max_output_tokens=50)) is DispatchReason.TOKENS
     assert (
-        full_after_add([item(out=5000)], PlanLimits(max_output_tokens=4096))
+        full_after_add([item()], PlanLimits(context_window=one, **FRAMES)) is DispatchReason.TOKENS
+    )
+    assert full_after_add([item()], PlanLimits(context_window=one + 1, **FRAMES)) is None
+    assert (
+        full_after_add([item()], PlanLimits(max_output_tokens=50, **FRAMES))
+        is DispatchReason.TOKENS
+    )
+    assert (
+        full_after_add([item(out=5000)], PlanLimits(max_output_tokens=4096, **FRAMES))
         is DispatchReason.TOKENS
     )
 
@@ -229,7 +239,7 @@ def test_streaming_order_is_on_time_whenever_some_order_is_and_then_answers_soon
     def finishes(order: Sequence[int]) -> list[float]:
         written, times = 0, [0.0] * len(group)
         for index in order:
-            written += group[index].output_tokens + STREAMING.per_item_overhead_tokens
+            written += group[index].output_tokens + STREAMING.per_item_output_overhead_tokens
             times[index] = start + PREDICT(inputs, written)
         return times
 
@@ -265,6 +275,8 @@ limits_strategy = st.builds(
     context_window=st.one_of(st.none(), st.integers(2000, 20000)),
     max_output_tokens=st.one_of(st.none(), st.integers(300, 2000)),
     streaming=st.booleans(),
+    per_item_overhead_tokens=st.integers(0, 30),
+    per_item_output_overhead_tokens=st.integers(0, 15),
 )
 
 
@@ -278,7 +290,7 @@ def answered_at(group: Sequence[PlanItem], at: float, limits: PlanLimits) -> lis
     finish = [0.0] * len(group)
     written = 0
     for index in streaming_order(group, limits, PREDICT, at):
-        written += group[index].output_tokens + limits.per_item_overhead_tokens
+        written += group[index].output_tokens + limits.per_item_output_overhead_tokens
         finish[index] = at + PREDICT(inputs, written)
     return finish
 
@@ -522,7 +534,7 @@ def size(budget: float, **overrides: float) -> int:
         "item_input_tokens": 40,
         "item_output_tokens": 10,
         "max_items": 64,
-        "per_item_overhead_tokens": 10,
+        **FRAMES,
     }
     args.update(overrides)
     return best_group_size(predict=linear(0.5, 1e-4, 0.01), **args)  # type: ignore[arg-type]

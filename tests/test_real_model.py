@@ -81,7 +81,8 @@ async def client(llama_server: str) -> AsyncIterator[openai.AsyncOpenAI]:
 
 
 def _stated_pairs(text: str) -> set[tuple[str, str]]:
-    """Every ``(id, output)`` the reply states in a complete ``{"id", "output"}`` object.
+    """Every ``(id, output)`` the reply states: each member of a complete
+    ``{"results": {id: output}}`` object (format 2), each ``{"id", "output"}`` object.
 
     Found independently of the splitter: decode a JSON value at every ``{``.
     """
@@ -96,6 +97,9 @@ def _stated_pairs(text: str) -> set[tuple[str, str]]:
             continue
         if isinstance(obj, dict) and "id" in obj and "output" in obj:
             pairs.add((str(obj["id"]), json.dumps(obj["output"], sort_keys=True)))
+        if isinstance(obj, dict) and isinstance(obj.get("results"), dict):
+            for key, output in obj["results"].items():
+                pairs.add((key, json.dumps(output, sort_keys=True)))
     return pairs
 
 

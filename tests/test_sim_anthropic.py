@@ -126,7 +126,7 @@ async def test_max_tokens_stop_reason(client: anthropic.AsyncAnthropic) -> None:
     assert block.type == "tool_use"
     kept = block.input["results"]
     assert 0 < len(kept) < 10
-    assert [r["id"] for r in kept] == ids[: len(kept)]
+    assert list(kept) == ids[: len(kept)]
     text = await client.messages.create(
         model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "q"}]
     )

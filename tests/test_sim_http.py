@@ -90,7 +90,7 @@ async def test_openai_sdk_over_http() -> None:
             )
             assert raw.headers["x-ratelimit-remaining-requests"] == "99"
             reply = raw.parse()
-            expected = {"results": [{"id": str(n), "output": expected_output(n)} for n in range(3)]}
+            expected = {"results": {str(n): expected_output(n) for n in range(3)}}
             assert json.loads(reply.choices[0].message.content or "") == expected
             stream = await client.chat.completions.create(
                 model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}], stream=True

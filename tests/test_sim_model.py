@@ -177,6 +177,17 @@ def test_item_output_schema_of_a_results_schema() -> None:
     assert item_output_schema({"type": "string"}) is None
 
 
+def test_item_output_schema_of_a_keyed_results_schema() -> None:
+    from coalesce._packing import build_reply_schema
+
+    for pin in (True, False):
+        root = build_reply_schema(Review.model_json_schema(), ["1", "2"], pin=pin)
+        schema = item_output_schema(root)
+        assert schema is not None
+        assert expected_output(3, schema) == expected_output(3, Review.model_json_schema())
+    assert item_output_schema({"properties": {"results": {"type": "object"}}}) is None
+
+
 def test_item_output_schema_rebases_references_to_the_output() -> None:
     from coalesce._packing import build_reply_schema
 

@@ -10,6 +10,7 @@ import pytest
 
 import coalesce.testing
 from coalesce._exceptions import ConfigurationError
+from coalesce._packing import build_reply_schema
 from coalesce.testing import (
     BatchTiming,
     Fault,
@@ -263,13 +264,21 @@ def test_compose_packed_and_single() -> None:
         rng=random.Random(0),
         count=count_text,
     )
-    assert json.loads(answer.text) == {
-        "results": [
-            {"id": "a", "output": coalesce.testing.expected_output(1)},
-            {"id": "b", "output": coalesce.testing.expected_output(2)},
-        ]
-    }
+    outputs = [coalesce.testing.expected_output(1), coalesce.testing.expected_output(2)]
+    assert json.loads(answer.text) == {"results": {"a": outputs[0], "b": outputs[1]}}
     assert answer.items == 2
+    # Instructions that show format 1 get format 1.
+    shown = '{"results": [{"id": <id>, "output": <output>}, ...]}'
+    old = compose(
+        Prompt(model="m", texts=(shown, json.dumps(items)), user_parts=(json.dumps(items),)),
+        frozenset(),
+        lengths=None,
+        rng=random.Random(0),
+        count=count_text,
+    )
+    assert json.loads(old.text) == {
+        "results": [{"id": "a", "output": outputs[0]}, {"id": "b", "output": outputs[1]}]
+    }
     assert not answer.truncated
     assert answer.completion_tokens == count_text(answer.text)
     single = compose(
@@ -295,6 +304,23 @@ def test_compose_packed_and_single() -> None:
     assert shaped.text == '"x"'
 
 
+def test_compose_keyed_reply_really_repeats_a_duplicated_id() -> None:
+    items = [{"id": str(i), "input": i} for i in range(1, 5)]
+    answer = compose(
+        _prompt(json.dumps(items), schema=build_reply_schema({"type": "string"}, ["1", "2"])),
+        frozenset({Fault.DUPLICATE_ID}),
+        lengths=None,
+        rng=random.Random(0),
+        count=count_text,
+    )
+    assert answer.faults == {Fault.DUPLICATE_ID}
+    pairs = json.loads(answer.text, object_pairs_hook=list)[0][1]
+    ids = [key for key, _ in pairs]
+    assert len(ids) == 5
+    assert sorted(set(ids)) == ["1", "2", "3", "4"]
+    assert answer.text.startswith('{"results":{"1":')  # compact under a schema
+
+
 def test_compose_truncates_at_max_tokens() -> None:
     items = [{"id": str(i), "input": i} for i in range(10)]
     answer = compose(
@@ -316,6 +342,7 @@ def test_compose_truncates_at_max_tokens() -> None:
     assert tool.tool_input is not None
     kept = tool.tool_input["results"]
     assert 0 < len(kept) < 10
+    assert list(kept) == [str(i) for i in range(len(kept))]  # the first ones, in full
     assert json.dumps(kept)[:-1] in tool.text
 
 

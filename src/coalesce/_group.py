@@ -38,7 +38,7 @@ from ._retry import RetryEvent, complete_with_retries
 from ._tokens import OutputTokenRegistry, TokenEstimator, count_json_tokens, estimator_for
 from .providers import Completion, CompletionRequest, Provider
 
-__all__ = ["Job", "Planning", "Spec", "run_group"]
+__all__ = ["Job", "Planning", "Spec", "keyed_replies", "run_group"]
 
 #: Largest group before the planner has measured any: after that, at most twice the
 #: largest measured, so predictions never extrapolate far beyond what was observed.
@@ -80,7 +80,8 @@ class Spec:
     recorder: PromptRecorder | None = None
     shared_tokens: int = 0
     plain_shared_tokens: int | None = None  # what a plain call pays besides its item
-    frame_tokens: int = 0  # the {"id": ...} frame around each item and each answer
+    frame_tokens: int = 0  # what each item adds to the prompt besides its input
+    answer_frame_tokens: int = 0  # what each answer adds to the reply besides its output
 
 
 class Planning:
@@ -160,9 +161,9 @@ class Planning:
         self.latency.observe(
             usage.input_tokens, usage.output_tokens, completion.seconds, ttft=completion.ttft
         )
-        # The reply's own frame ({"results": [...]}) is small; each item costs its
-        # output plus the {"id": ..., "output": ...} wrapper the planner adds back.
-        overhead = self.limits.per_item_overhead_tokens
+        # The reply's own frame ({"results": {...}}) is small; each item costs its
+        # output plus its key ("7":), which the planner adds back.
+        overhead = self.limits.per_item_output_overhead_tokens
         per_item = max(1, round(usage.output_tokens / items) - overhead)
         for _ in range(items):
             self.outputs.observe(partition, per_item)
@@ -197,6 +198,16 @@ async def run_group(spec: Spec, jobs: list[Job], settle: Callable[[int, Any], No
         group_size = max(1, math.ceil(len(failed) / 2)) if group_size > 1 else 1
 
 
+def keyed_replies(spec: Spec) -> bool:
+    """Whether ``spec``'s requests ask for wire format 2 (outputs keyed by id).
+
+    Not when the reply would reach us parsed and re-encoded (a forced tool's input, not
+    streamed): a key the model repeated would be lost unseen there, and one of two
+    differing answers handed over, where format 1 keeps both and fails the id.
+    """
+    return spec.stream or not getattr(spec.provider, "parsed_replies", False)
+
+
 async def _ask(
     spec: Spec, jobs: list[Job], indexes: list[int], settle: Callable[[int, Any], None]
 ) -> list[int]:
@@ -212,6 +223,7 @@ async def _ask(
         [jobs[group[0]].item for group in members],
         spec.output_schema,
         structured=spec.provider.structured,
+        keyed=keyed_replies(spec),
     )
     by_id = dict(zip(packed.ids, members, strict=False))
     for index in indexes:
@@ -278,6 +290,7 @@ async def _ask(
                 shared_input_tokens=spec.shared_tokens,
                 plain_shared_input_tokens=spec.plain_shared_tokens,
                 frame_tokens=spec.frame_tokens,
+                answer_frame_tokens=spec.answer_frame_tokens,
                 ttft=completion.ttft,
                 seconds=completion.seconds,
                 reask=reask,

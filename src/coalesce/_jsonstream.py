@@ -1,12 +1,20 @@
 """Incremental split of a streamed multi-item reply.
 
-:class:`ResultScanner` finds, in text arriving chunk by chunk, each complete object
-inside a *results array*: the value of a ``"results"`` key (at any depth), or an
-array that starts at top level (a bare list of results). Prose and code fences around
-the JSON are skipped; a ``{`` or ``[`` in prose that turns out not to be JSON is
-dropped at the first character that cannot continue it, and scanning restarts there.
+:class:`ResultScanner` finds, in text arriving chunk by chunk, each complete result:
 
-Every character is looked at a bounded number of times and a result object's text is
+* wire format 2: each ``"<id>": <output>`` member of a *results object*, the object
+  value of a ``"results"`` key (at any depth), or a top-level object with a member
+  keyed by one of the request's ids (the wrapper left out; from that member on); the
+  output may be any JSON value;
+* wire format 1: each object inside a *results array*, the array value of a
+  ``"results"`` key (at any depth), or an array that starts at top level (a bare list
+  of results).
+
+Prose and code fences around the JSON are skipped; a ``{`` or ``[`` in prose that
+turns out not to be JSON is dropped at the first character that cannot continue it,
+and scanning restarts there.
+
+Every character is looked at a bounded number of times and a result's text is
 joined once, when it completes, so the work is linear in the reply's length whatever
 the chunking. Chunks may split the text anywhere, even inside an escape sequence.
 
@@ -28,13 +36,21 @@ from __future__ import annotations
 import enum
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, Union
 
-from ._outcomes import ItemFailure, absent, check_ids, judge, ordered_unique, read_result
+from ._outcomes import Found, ItemFailure, absent, check_ids, judge, ordered_unique, read_result
 
-__all__ = ["Failed", "IgnoreReason", "Ignored", "Resolved", "ResultScanner", "StreamSplitter"]
+__all__ = [
+    "Failed",
+    "Found",
+    "IgnoreReason",
+    "Ignored",
+    "Resolved",
+    "ResultScanner",
+    "StreamSplitter",
+]
 
 T = TypeVar("T")
 
@@ -42,6 +58,7 @@ _OPENER = re.compile(r"[\[{]")
 _STRING_STOP = re.compile(r'["\\]')
 _CAPTURE_STOP = re.compile(r'["{}\[\]]')
 _LITERAL_CHARS = re.compile(r"[0-9A-Za-z.+\-]*")
+_LITERAL_START = re.compile(r"[0-9A-Za-z.+\-]")
 _LITERAL = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|true|false|null")
 _WHITESPACE = " \t\n\r"
 
@@ -56,44 +73,55 @@ class _Frame:
 
     def __init__(self, is_object: bool, results: bool) -> None:
         self.is_object = is_object
+        # A results array (format 1: its objects are results) or a results object
+        # (format 2: each member is a result, keyed by id).
         self.results = results
         self.expect = _KEY_OR_END if is_object else _VALUE_OR_END
         self.key: str | None = None
 
 
 class ResultScanner:
-    """Finds complete result objects in text fed chunk by chunk (see the module doc)."""
+    """Finds complete results in text fed chunk by chunk (see the module doc).
 
-    def __init__(self) -> None:
+    Args:
+        ids: The request's ids, to recognise a top-level object of results without
+            the ``"results"`` wrapper.
+    """
+
+    def __init__(self, ids: Collection[str] = ()) -> None:
+        self._ids = frozenset(ids)
         self._mode = _PROSE
         self._stack: list[_Frame] = []
-        self._pieces: list[str] = []  # the key string or literal or result object so far
+        self._pieces: list[str] = []  # the key string or literal or result so far
         self._escape = False
         self._key = False  # the string being read is an object key
-        self._depth = 0  # nesting inside the captured result object
+        self._depth = 0  # nesting inside the captured result
         self._in_string = False  # the capture is inside a string
+        self._result_key: str | None = None  # the id of the keyed result being captured
+        self._keyed_literal = False  # the literal being read is a keyed result
 
     @property
     def in_results(self) -> bool:
-        """Whether the text so far ends inside a results array (so a cut there truncates)."""
+        """Whether the text so far ends inside the results (so a cut there truncates)."""
         return self._mode == _CAPTURE or any(f.results for f in self._stack)
 
-    def feed(self, chunk: str) -> list[str]:
+    def feed(self, chunk: str) -> list[Found]:
         """Scan one more chunk.
 
         Args:
             chunk: The next piece of the reply.
 
         Returns:
-            The text of each result object completed by this chunk, in order.
+            Each result completed by this chunk, in order: its text, and its key when
+            it is a member of a results object (format 2).
         """
-        found: list[str] = []
+        found: list[Found] = []
         pos, end = 0, len(chunk)
         while pos < end:
             pos = self._step(chunk, pos, found)
         return found
 
-    def _step(self, chunk: str, pos: int, found: list[str]) -> int:
+    def _step(self, chunk: str, pos: int, found: list[Found]) -> int:
         if self._mode == _CAPTURE:
             return self._capture(chunk, pos, found)
         if self._mode == _TOKENS:
@@ -101,7 +129,7 @@ class ResultScanner:
         if self._mode == _STRING:
             return self._string(chunk, pos)
         if self._mode == _LITERAL_MODE:
-            return self._literal(chunk, pos)
+            return self._literal(chunk, pos, found)
         return self._prose(chunk, pos)
 
     def _prose(self, chunk: str, pos: int) -> int:
@@ -156,20 +184,31 @@ class ResultScanner:
 
     def _value(self, frame: _Frame, char: str, pos: int) -> int:
         frame.expect = _COMMA_OR_END  # once this value completes
-        if char == "{" and frame.results:
-            self._mode, self._depth, self._in_string = _CAPTURE, 1, False
-            self._pieces = ["{"]
-            return pos + 1
+        if len(self._stack) == 1 and frame.is_object and frame.key in self._ids:
+            frame.results = True  # {"1": ..., "2": ...}: the "results" wrapper left out
+        keyed = frame.results and frame.is_object  # a member of a results object
+        if char in "{[" and (keyed or (char == "{" and frame.results)):
+            return self._start_capture(frame.key if keyed else None, char, depth=1, pos=pos)
+        if char == '"' and keyed:
+            return self._start_capture(frame.key, char, depth=0, pos=pos)
         if char in "{[":
-            results = char == "[" and frame.is_object and frame.key == "results"
+            results = frame.is_object and frame.key == "results"
             self._push(is_object=char == "{", results=results)
             return pos + 1
         if char == '"':
             return self._start_string(frame, key=False, pos=pos)
-        if char in "-0123456789tfn":
-            self._mode, self._pieces = _LITERAL_MODE, []
+        if char in "-0123456789tfn" or (keyed and _LITERAL_START.match(char) is not None):
+            # A keyed output may be a bare word (`high`): its id fails, the scan goes on.
+            self._mode, self._pieces, self._keyed_literal = _LITERAL_MODE, [], keyed
+            self._result_key = frame.key
             return pos
         return self._reset(pos)
+
+    def _start_capture(self, key: str | None, char: str, *, depth: int, pos: int) -> int:
+        # A string result is captured from inside its quotes, at depth 0.
+        self._mode, self._depth, self._in_string = _CAPTURE, depth, depth == 0
+        self._result_key, self._escape, self._pieces = key, False, [char]
+        return pos + 1
 
     def _start_string(self, frame: _Frame, *, key: bool, pos: int) -> int:
         if key:
@@ -204,7 +243,7 @@ class ResultScanner:
             return self._reset(pos)
         return pos
 
-    def _literal(self, chunk: str, pos: int) -> int:
+    def _literal(self, chunk: str, pos: int, found: list[Found]) -> int:
         match = _LITERAL_CHARS.match(chunk, pos)
         assert match is not None  # the pattern matches the empty string
         self._pieces.append(match.group())
@@ -212,9 +251,13 @@ class ResultScanner:
         if stop == len(chunk):
             return stop  # the literal may go on in the next chunk
         self._mode = _TOKENS
-        return stop if _LITERAL.fullmatch("".join(self._pieces)) else self._reset(stop)
+        text = "".join(self._pieces)
+        if self._keyed_literal:
+            found.append(Found(text, self._result_key))  # not JSON: its own id is invalid
+            return stop
+        return stop if _LITERAL.fullmatch(text) else self._reset(stop)
 
-    def _capture(self, chunk: str, pos: int, found: list[str]) -> int:
+    def _capture(self, chunk: str, pos: int, found: list[Found]) -> int:
         i, end = pos, len(chunk)
         while i < end:
             if self._escape:
@@ -227,6 +270,8 @@ class ResultScanner:
             i, char = match.end(), match.group()
             if self._in_string:
                 self._escape, self._in_string = char == "\\", char == "\\"
+                if not self._in_string and self._depth == 0:
+                    return self._captured(chunk, pos, i, found)  # a string result ends
             elif char == '"':
                 self._in_string = True
             elif char in "{[":
@@ -234,12 +279,15 @@ class ResultScanner:
             else:
                 self._depth -= 1
                 if self._depth == 0:
-                    self._pieces.append(chunk[pos:i])
-                    found.append("".join(self._pieces))
-                    self._mode, self._pieces = _TOKENS, []
-                    return i
+                    return self._captured(chunk, pos, i, found)
         self._pieces.append(chunk[pos:i])
         return i
+
+    def _captured(self, chunk: str, start: int, stop: int, found: list[Found]) -> int:
+        self._pieces.append(chunk[start:stop])
+        found.append(Found("".join(self._pieces), self._result_key))
+        self._mode, self._pieces = _TOKENS, []
+        return stop
 
 
 class IgnoreReason(enum.Enum):
@@ -295,7 +343,7 @@ class StreamSplitter(Generic[T]):
         self._ids = check_ids(ids)
         self._pending = dict.fromkeys(self._ids)
         self._validate = validate
-        self._scanner = ResultScanner()
+        self._scanner = ResultScanner(self._ids)
         self._unknown: list[str] = []
         self._closed = False
 
@@ -333,14 +381,14 @@ class StreamSplitter(Generic[T]):
         if self._closed:
             raise RuntimeError("StreamSplitter.feed() called after close()")
         events: list[StreamEvent[T]] = []
-        for text in self._scanner.feed(chunk):
-            event = self._decide(text)
+        for found in self._scanner.feed(chunk):
+            event = self._decide(found)
             if event is not None:
                 events.append(event)
         return events
 
-    def _decide(self, text: str) -> StreamEvent[T] | None:
-        occurrence = read_result(text)
+    def _decide(self, found: Found) -> StreamEvent[T] | None:
+        occurrence = read_result(found)
         if occurrence is None:
             return None
         item_id = occurrence.id

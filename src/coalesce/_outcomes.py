@@ -103,23 +103,42 @@ class Occurrence:
     fingerprint: str
 
 
-def read_result(text: str) -> Occurrence | None:
-    """Read one complete ``{"id": ..., "output": ...}`` object's text.
+class Found(NamedTuple):
+    """One complete result as the scanner found it, not parsed yet.
+
+    Attributes:
+        text: Its JSON text: a result object ``{"id": ..., "output": ...}`` (format 1),
+            or the output itself (format 2).
+        key: The id it was written under in a results object (format 2), or ``None``.
+    """
+
+    text: str
+    key: str | None = None
+
+
+def read_result(found: Found) -> Occurrence | None:
+    """Read one complete result.
 
     Args:
-        text: The object's text, braces included.
+        found: A keyed output (format 2), or a ``{"id": ..., "output": ...}`` object's
+            text, braces included (format 1).
 
     Returns:
         The occurrence, or ``None`` when no id can be read from it, or it is an echo of
         a request item (``id`` and ``input``, no ``output``): it then blames nobody.
     """
+    text = found.text
     try:
         obj = json.loads(text, strict=False)
     except ValueError:
         try:
             obj = json.loads(_drop_trailing_commas(text), strict=False)
         except ValueError:
+            if found.key is not None:
+                return Occurrence(found.key, text, False, "\x00malformed " + text)
             return _read_malformed(text)
+    if found.key is not None:
+        return Occurrence(found.key, obj, True, _fingerprint(obj))
     if not isinstance(obj, dict) or "id" not in obj:
         return None
     item_id = str(obj["id"])
@@ -128,7 +147,11 @@ def read_result(text: str) -> Occurrence | None:
             return None  # the model echoed a request item: not an answer, blames nobody
         return Occurrence(item_id, None, False, "\x00no output")
     raw = obj["output"]
-    return Occurrence(item_id, raw, True, json.dumps(raw, sort_keys=True, ensure_ascii=False))
+    return Occurrence(item_id, raw, True, _fingerprint(raw))
+
+
+def _fingerprint(raw: Any) -> str:
+    return json.dumps(raw, sort_keys=True, ensure_ascii=False)
 
 
 def _drop_trailing_commas(text: str) -> str:

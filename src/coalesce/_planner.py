@@ -103,10 +103,12 @@ class PlanLimits:
             reply-format description.
         context_window: The model's context (input plus output tokens), or ``None``.
         max_output_tokens: Most output tokens one request may produce, or ``None``.
-        per_item_overhead_tokens: Tokens of the wrapper around each item, paid once on
-            each side: ``{"id": "7", "input": ...}`` in the prompt and
-            ``{"id": "7", "output": ...}`` in the reply, about 10 tokens each with
+        per_item_overhead_tokens: Input tokens each item costs besides its own input:
+            its ``{"id": "7", "input": ...}`` wrapper in the prompt and, with a pinned
+            reply schema, its entry there (``"7": {"$ref": ...}``); about 20 with
             OpenAI's tokenizers (ids are short decimal strings).
+        per_item_output_overhead_tokens: Output tokens each answer costs besides its
+            own output: its key in the reply (``"7":`` and a comma), about 3.
         streaming: Whether the reply is streamed and split as it arrives, so that
             each member is answered as soon as its own output is complete: a member's
             finish is then predicted from the outputs written up to and including its
@@ -122,15 +124,20 @@ class PlanLimits:
     shared_tokens: int = 0
     context_window: int | None = None
     max_output_tokens: int | None = None
-    per_item_overhead_tokens: int = 10
+    per_item_overhead_tokens: int = 20
     streaming: bool = False
+    per_item_output_overhead_tokens: int = 3
 
     def __post_init__(self) -> None:
         if self.max_items < 1:
             raise ConfigurationError(f"max_items must be >= 1, got {self.max_items!r}")
         if not self.max_wait >= 0:  # also rejects NaN
             raise ConfigurationError(f"max_wait must be >= 0 seconds, got {self.max_wait!r}")
-        for name in ("shared_tokens", "per_item_overhead_tokens"):
+        for name in (
+            "shared_tokens",
+            "per_item_overhead_tokens",
+            "per_item_output_overhead_tokens",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigurationError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         for name in ("context_window", "max_output_tokens"):
@@ -167,8 +174,9 @@ def group_tokens(items: Iterable[PlanItem], limits: PlanLimits) -> tuple[int, in
         count += 1
         inputs += item.input_tokens
         outputs += item.output_tokens
-    overhead = count * limits.per_item_overhead_tokens
-    return limits.shared_tokens + inputs + overhead, outputs + overhead
+    framed_inputs = inputs + count * limits.per_item_overhead_tokens
+    framed_outputs = outputs + count * limits.per_item_output_overhead_tokens
+    return limits.shared_tokens + framed_inputs, framed_outputs
 
 
 def _over_tokens(tokens: tuple[int, int], limits: PlanLimits, *, reached: bool) -> bool:
@@ -214,7 +222,7 @@ def latest_start(items: Sequence[PlanItem], limits: PlanLimits, predict: Predict
     written = 0
     latest = math.inf
     for item in sorted(items, key=_by_deadline):
-        written += item.output_tokens + limits.per_item_overhead_tokens
+        written += item.output_tokens + limits.per_item_output_overhead_tokens
         if math.isinf(item.deadline):
             break  # the rest have no deadline either
         latest = min(latest, item.deadline - predict(inputs, written))
@@ -349,7 +357,7 @@ def streaming_order(
     if limits is None or predict is None or all(math.isinf(item.deadline) for item in items):
         return order
     inputs, _ = group_tokens(items, limits)
-    overhead = limits.per_item_overhead_tokens
+    overhead = limits.per_item_output_overhead_tokens
     written = sum(item.output_tokens + overhead for item in items)
     # Latest deadline first; an item becomes a candidate for the current last place once
     # it would be on time there (later places finish later, so it stays one).
@@ -631,8 +639,9 @@ def best_group_size(
     item_output_tokens: int,
     predict: Predict,
     max_items: int = 64,
-    per_item_overhead_tokens: int = 10,
+    per_item_overhead_tokens: int = 20,
     streaming: bool = False,
+    per_item_output_overhead_tokens: int = 3,
 ) -> int:
     """Return the largest group size whose every member meets ``budget``; at least 1.
 
@@ -655,6 +664,7 @@ def best_group_size(
         max_items: Most items per request.
         per_item_overhead_tokens: See :class:`PlanLimits`.
         streaming: See :class:`PlanLimits`.
+        per_item_output_overhead_tokens: See :class:`PlanLimits`.
 
     Raises:
         ConfigurationError: If ``arrival_rate`` is not positive or a limit is invalid.
@@ -662,7 +672,12 @@ def best_group_size(
     if not arrival_rate > 0:
         raise ConfigurationError(f"arrival_rate must be > 0, got {arrival_rate!r}")
     limits = PlanLimits(
-        max_items, max_wait, shared_tokens, None, None, per_item_overhead_tokens, streaming
+        max_items=max_items,
+        max_wait=max_wait,
+        shared_tokens=shared_tokens,
+        per_item_overhead_tokens=per_item_overhead_tokens,
+        streaming=streaming,
+        per_item_output_overhead_tokens=per_item_output_overhead_tokens,
     )
     largest = limits.max_items
     if math.isfinite(arrival_rate * max_wait):  # else a burst, or no wait limit

@@ -29,7 +29,7 @@ import pydantic_core
 from ._batcher import Batcher, _Window
 from ._client import as_provider
 from ._exceptions import ConfigurationError
-from ._group import Job, Planning, Spec, run_group
+from ._group import Job, Planning, Spec, keyed_replies, run_group
 from ._latency import LatencyPrior
 from ._packing import pack_request
 from ._planner import PlanLimits, admit, due, full_after_add
@@ -418,12 +418,34 @@ def with_token_shares(spec: Spec, estimator: TokenEstimator) -> Spec:
     plain = estimator.count(spec.instructions)
     if spec.provider.structured:
         plain += estimator.count(json.dumps(dict(spec.output_schema), separators=(",", ":")))
+    item_frame, answer_frame = frame_tokens(spec, estimator)
     return dataclasses.replace(
         spec,
         shared_tokens=shared_tokens(spec, estimator),
         plain_shared_tokens=plain,
-        frame_tokens=estimator.count('{"id":"1","output":},'),
+        frame_tokens=item_frame,
+        answer_frame_tokens=answer_frame,
     )
+
+
+def frame_tokens(spec: Spec, estimator: TokenEstimator) -> tuple[int, int]:
+    """Tokens each item costs ``spec``'s requests besides its own input and output:
+    ``(input, output)``. Input: its ``{"id": ..., "input": ...}`` wrapper and, with
+    structured output, its entry in the (pinned) reply schema; output: its key in the
+    reply (``"7":`` and a comma)."""
+    structured, keyed = spec.provider.structured, keyed_replies(spec)
+
+    def size(n: int) -> int:
+        packed = pack_request(
+            spec.instructions, [None] * n, spec.output_schema, structured=structured, keyed=keyed
+        )
+        tokens = estimator.count(packed.user)
+        if structured:
+            tokens += estimator.count(json.dumps(packed.reply_schema, separators=(",", ":")))
+        return tokens
+
+    item = size(2) - size(1) - estimator.count("null")
+    return max(0, item), estimator.count('"1":,' if keyed else '{"id":"1","output":},')
 
 
 def shared_tokens(spec: Spec, estimator: TokenEstimator) -> int:
@@ -431,7 +453,11 @@ def shared_tokens(spec: Spec, estimator: TokenEstimator) -> int:
     message (instructions and reply format) and, with structured output, the reply
     schema the provider is sent (providers count it as input)."""
     packed = pack_request(
-        spec.instructions, [None], spec.output_schema, structured=spec.provider.structured
+        spec.instructions,
+        [None],
+        spec.output_schema,
+        structured=spec.provider.structured,
+        keyed=keyed_replies(spec),
     )
     tokens = estimator.count(packed.system)
     if spec.provider.structured:
@@ -452,6 +478,8 @@ def with_planner(
         max_wait=batch_options["max_wait"],
         shared_tokens=spec.shared_tokens,
         max_output_tokens=spec.max_output_tokens,
+        per_item_overhead_tokens=spec.frame_tokens,
+        per_item_output_overhead_tokens=spec.answer_frame_tokens,
         streaming=spec.stream,
     )
     estimator = estimator or estimator_for(spec.model)

@@ -314,6 +314,7 @@ class PromptRecorder:
         shared_input_tokens: int,
         plain_shared_input_tokens: int | None = None,
         frame_tokens: int = 0,
+        answer_frame_tokens: int = 0,
         ttft: float | None = None,
         seconds: float | None = None,
         reask: bool = False,
@@ -329,8 +330,11 @@ class PromptRecorder:
                 coalesce, pays besides its item (instructions and output schema, an
                 estimate); one call per item pays it ``items`` times. ``None``: the
                 same as ``shared_input_tokens`` (the packed format's requests of one).
-            frame_tokens: Tokens of the ``{"id": ..., ...}`` frame around each item
-                and each answer, which a plain call does not pay.
+            frame_tokens: Prompt tokens each item adds besides its own input (its
+                ``{"id": ..., "input": ...}`` wrapper, its entry in the reply schema),
+                which a plain call does not pay.
+            answer_frame_tokens: Reply tokens each answer adds besides its output (its
+                key), which a plain call does not pay.
             ttft: Seconds to the first reply text, when streamed.
             seconds: Seconds from sending to the end of the reply.
             reask: Whether it asked again for items an earlier reply failed.
@@ -344,7 +348,7 @@ class PromptRecorder:
             shared_input_tokens if plain_shared_input_tokens is None else plain_shared_input_tokens
         )
         spent, solo = self._add_usage(
-            items, usage, (shared_input_tokens, plain, frame_tokens), reask
+            items, usage, (shared_input_tokens, plain, frame_tokens, answer_frame_tokens), reask
         )
         if self._otel is not None:
             self._otel.request(items, usage, ttft, seconds, spent, solo, reask)
@@ -430,22 +434,23 @@ class PromptRecorder:
         )
 
     def _add_usage(
-        self, items: int, usage: Usage | None, shares: tuple[int, int, int], reask: bool
+        self, items: int, usage: Usage | None, shares: tuple[int, int, int, int], reask: bool
     ) -> tuple[float, float]:
         """Add one reply's tokens and costs; return its cost and its one-per-item cost.
 
         ``shares`` is (shared tokens of this request, what a plain call pays besides its
-        item, the frame around each item and answer): one call per item would have sent
-        each item's own tokens with the plain shared part, and no frames.
+        item, the frame around each item, the frame around each answer): one call per
+        item would have sent each item's own tokens with the plain shared part, and no
+        frames.
         """
         if usage is None:
             return math.nan, math.nan
-        shared, plain, frame = (max(0, n) for n in shares)
+        shared, plain, frame, answer_frame = (max(0, n) for n in shares)
         # A re-ask's items were counted when first asked: one request per item would
         # not have needed it, so it adds to the cost and not to the comparison.
         own_input = max(0, usage.input_tokens - shared - items * frame)
         solo_input = 0 if reask else own_input + items * plain
-        solo_output = 0 if reask else max(0, usage.output_tokens - items * frame)
+        solo_output = 0 if reask else max(0, usage.output_tokens - items * answer_frame)
         self._input += usage.input_tokens
         self._cached += usage.cached_input_tokens
         self._output += usage.output_tokens

@@ -112,6 +112,8 @@ def _outputs(text: str) -> dict[Any, Any]:
         results = json.loads(text).get("results")
     except (ValueError, AttributeError):
         return {}
+    if isinstance(results, dict):  # format 2: {"results": {"<id>": <output>, ...}}
+        return results
     if not isinstance(results, list):
         return {}
     return {r.get("id"): r.get("output") for r in results if isinstance(r, dict) and "output" in r}

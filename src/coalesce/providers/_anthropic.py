@@ -64,6 +64,10 @@ class AnthropicProvider:
     """
 
     structured = True
+    #: A reply that is not streamed arrives parsed (the tool's ``input`` object), so a
+    #: key the model repeated is gone before coalesce sees it; coalesce then asks for a
+    #: list of results (wire format 1), where a repeated id stays visible.
+    parsed_replies = True
 
     def __init__(
         self,

@@ -111,6 +111,11 @@ class Provider(Protocol):
     #: Whether ``reply_schema`` constrains the reply (structured output); if not,
     #: the format is described in the prompt and the reply parsed tolerantly.
     structured: bool
+    # Optional: ``parsed_replies = True`` says that a reply that is not streamed reaches
+    # ``Completion.text`` re-encoded from a parsed object (as a forced tool's input
+    # does), so a key repeated by the model is lost; such requests then ask for wire
+    # format 1 (a list of results). Not part of the protocol, so older providers still
+    # match it; absent means false.
 
     async def complete(
         self, request: CompletionRequest, on_text: Callable[[str], None] | None = None

@@ -119,7 +119,8 @@ class AnthropicFlavour:
             else ("text_delta", "text")
         )
         if answer.tool_input is not None:
-            pieces = _json_pieces(json.dumps(answer.tool_input), len(pieces))
+            # The input as the model wrote it: a repeated key or a cut shows in the deltas.
+            pieces = _json_pieces(answer.text, len(pieces))
         events: list[StreamEvent] = [
             ("message_start", {"type": "message_start", "message": start}, 0),
             (

@@ -19,7 +19,7 @@ from coalesce._tokens import count_tokens
 from ._faults import ITEM_FAULTS, Fault, damage_results, damage_text
 from ._length import OutputTokens, target_tokens
 from ._model import expected_output
-from ._wire import PackedItem, item_output_schema, parse_packed
+from ._wire import PackedItem, item_output_schema, keyed_reply, parse_packed
 
 __all__ = [
     "Answer",
@@ -123,11 +123,11 @@ def prompt_tokens(prompt: Prompt, count: Counter) -> int:
     return sum(count(text) for text in prompt.texts) + 3 * prompt.messages + 3
 
 
-def _packed_value(
+def _packed_results(
     items: list[PackedItem], schema: Mapping[str, Any] | None, lengths: OutputTokens
-) -> dict[str, Any]:
+) -> list[dict[str, Any]]:
     item_schema = item_output_schema(schema) if schema is not None else None
-    results = [
+    return [
         {
             "id": item.id,
             "output": expected_output(
@@ -136,7 +136,24 @@ def _packed_value(
         }
         for item in items
     ]
-    return {"results": results}
+
+
+def _write_results(
+    results: list[dict[str, Any]], keyed: bool, separators: tuple[str, str] | None
+) -> tuple[str, dict[str, Any]]:
+    """The reply text and its value. Keyed (format 2), the text is written member by
+    member, so a fault's repeated id really appears twice; the value keeps the last."""
+    if not keyed:
+        value: dict[str, Any] = {"results": results}
+        return json.dumps(value, ensure_ascii=False, separators=separators), value
+    item, key = separators or (", ", ": ")
+
+    def dumps(raw: Any) -> str:
+        return json.dumps(raw, ensure_ascii=False, separators=separators)
+
+    members = item.join(f"{dumps(r['id'])}{key}{dumps(r['output'])}" for r in results)
+    value = {"results": {r["id"]: r["output"] for r in results}}
+    return f'{{"results"{key}{{{members}}}}}', value
 
 
 def _single_value(prompt: Prompt, lengths: OutputTokens) -> Any:
@@ -167,13 +184,22 @@ def cut_to_tokens(text: str, limit: int, count: Counter) -> str:
 
 def _salvage(value: Any, kept: int) -> dict[str, Any]:
     """Return what a truncated tool input still holds: the results written in full."""
-    if not isinstance(value, dict) or not isinstance(value.get("results"), list):
+    results = value.get("results") if isinstance(value, dict) else None
+    entries: list[Any]
+    if isinstance(results, list):
+        entries = results
+    elif isinstance(results, dict):
+        entries = list(results.items())
+    else:
         return {}
-    results = value["results"]
+
+    def first(n: int) -> dict[str, Any]:
+        return {"results": entries[:n] if isinstance(results, list) else dict(entries[:n])}
+
     count = 0
-    while count < len(results) and len(json.dumps({"results": results[: count + 1]})) - 2 <= kept:
+    while count < len(entries) and len(json.dumps(first(count + 1))) - 2 <= kept:
         count += 1
-    return {"results": results[:count]}
+    return first(count)
 
 
 def compose(
@@ -195,18 +221,20 @@ def compose(
     """
     items = parse_packed(prompt.user_parts)
     applied: frozenset[Fault] = frozenset()
-    if items is not None:
-        value: Any = _packed_value(items, prompt.schema, lengths)
-        if faults & ITEM_FAULTS:
-            results, applied = damage_results(value["results"], faults, rng)
-            value = {"results": results}
-    else:
-        value = _single_value(prompt, lengths)
-    plain = isinstance(value, str) and prompt.schema is None
     # Constrained by a schema, models write compact JSON (as OpenAI's structured outputs
     # and Anthropic's tool inputs do); asked in the prompt alone, they add spaces.
     compact = (",", ":") if prompt.schema is not None else None
-    text = value if plain else json.dumps(value, ensure_ascii=False, separators=compact)
+    value: Any
+    if items is not None:
+        results = _packed_results(items, prompt.schema, lengths)
+        if faults & ITEM_FAULTS:
+            results, applied = damage_results(results, faults, rng)
+        keyed = keyed_reply(prompt.schema, prompt.texts)
+        text, value = _write_results(results, keyed, compact)
+    else:
+        value = _single_value(prompt, lengths)
+        plain = isinstance(value, str) and prompt.schema is None
+        text = value if plain else json.dumps(value, ensure_ascii=False, separators=compact)
     tool_input: dict[str, Any] | None = None
     if prompt.tool is not None:
         tool_input = value if isinstance(value, dict) else {"output": value}

@@ -1,9 +1,13 @@
-"""Wire format v1: how a packed multi-item request and its reply look.
+"""The wire format as the simulated model reads it: a packed request and its reply.
 
 The shared instructions come first (system message or system prompt); the items
-travel in the last user message as a JSON array of ``{"id": ..., "input": ...}``;
-the reply is ``{"results": [{"id": ..., "output": ...}, ...]}``. When a results
-schema is given, each output's schema is at ``properties.results.items.properties.output``.
+travel in the last user message as a JSON array of ``{"id": ..., "input": ...}``.
+The reply is keyed by id, ``{"results": {"1": <output>, ...}}`` (format 2), unless the
+request asks for format 1, ``{"results": [{"id": ..., "output": ...}, ...]}``: with a
+reply schema whose ``results`` is an array, or, without a schema, with instructions
+that show that shape. Each output's schema is the value of any property of
+``results`` (or its ``additionalProperties``) in format 2, and
+``properties.results.items.properties.output`` in format 1.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PackedItem", "item_output_schema", "parse_packed"]
+__all__ = ["PackedItem", "item_output_schema", "keyed_reply", "parse_packed"]
 
 
 @dataclass(frozen=True)
@@ -91,11 +95,31 @@ def _rebase(node: Any) -> Any:
     return node
 
 
+def _results_schema(root: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    props = _resolve(root, root)
+    props = props.get("properties") if isinstance(props, Mapping) else None
+    results = _resolve(props.get("results"), root) if isinstance(props, Mapping) else None
+    return results if isinstance(results, Mapping) else None
+
+
+def keyed_reply(schema: Mapping[str, Any] | None, texts: Sequence[str]) -> bool:
+    """Whether to answer a packed request in format 2 (keyed by id) rather than 1.
+
+    Args:
+        schema: The reply schema the request enforces, if any.
+        texts: The prompt's texts, read when there is no schema.
+    """
+    if schema is not None:
+        results = _results_schema(schema)
+        return results is None or results.get("type") != "array"
+    return not any('"results": [{' in text for text in texts)
+
+
 def item_output_schema(root: Mapping[str, Any]) -> dict[str, Any] | None:
     """Return the per-item output schema of a results-object schema, self-contained.
 
     The root's ``$defs`` (and ``definitions``) are copied into the returned schema,
-    and references to the output's own place are rebased to ``#``, so every
+    and (format 1) references to the output's own place are rebased to ``#``, so every
     ``$ref`` still resolves (see the wire format's hoisting rule).
 
     Args:
@@ -104,16 +128,24 @@ def item_output_schema(root: Mapping[str, Any]) -> dict[str, Any] | None:
     Returns:
         The output schema, or ``None`` if ``root`` is not a results-object schema.
     """
-    props = _resolve(root, root)
-    props = props.get("properties") if isinstance(props, Mapping) else None
-    results = _resolve(props.get("results"), root) if isinstance(props, Mapping) else None
-    if not isinstance(results, Mapping):
+    results = _results_schema(root)
+    if results is None:
         return None
-    entry = _resolve(results.get("items"), root)
-    entry_props = entry.get("properties") if isinstance(entry, Mapping) else None
-    if not isinstance(entry_props, Mapping) or "output" not in entry_props:
-        return None
-    output = _rebase(entry_props["output"])
+    output: Any
+    if results.get("type") == "array":
+        entry = _resolve(results.get("items"), root)
+        entry_props = entry.get("properties") if isinstance(entry, Mapping) else None
+        if not isinstance(entry_props, Mapping) or "output" not in entry_props:
+            return None
+        output = _rebase(entry_props["output"])
+    else:
+        keyed = results.get("properties")
+        if isinstance(keyed, Mapping) and keyed:
+            output = next(iter(keyed.values()))
+        elif isinstance(results.get("additionalProperties"), Mapping):
+            output = results["additionalProperties"]
+        else:
+            return None
     schema: dict[str, Any] = dict(output) if isinstance(output, Mapping) else {}
     for defs in ("$defs", "definitions"):
         if isinstance(root.get(defs), Mapping):
