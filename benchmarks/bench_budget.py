@@ -262,7 +262,7 @@ def plot(runs: dict[str, dict[str, Any]], path: str) -> None:
     cdf.legend(loc="lower right", fontsize=8)
     names = list(runs)
     per_item = [runs[n]["prompt_tokens"] / len(runs[n]["latencies"]) for n in names]
-    tokens.bar(range(len(names)), per_item, color=["C0", "C1", "C2"])
+    tokens.bar(range(len(names)), per_item, color=[f"C{i}" for i in range(len(names))])
     tokens.set_xticks(range(len(names)), [n.replace(", ", ",\n") for n in names], fontsize=8)
     tokens.set(ylabel="prompt tokens per item", title="Prompt tokens per item")
     figure.tight_layout()
