@@ -140,8 +140,29 @@ def test_reply_schema_hoists_defs_and_refs_resolve() -> None:
 def test_reply_schema_recursive_model() -> None:
     schema = build_reply_schema(Node.model_json_schema(), None, pin=False)
     node = resolve(schema, output_of(schema)["$ref"])
-    assert node["properties"]["label"] == {"title": "Label", "type": "string"}
+    assert node["properties"]["label"] == {"type": "string"}  # "Label" only repeated the name
     assert resolve(schema, node["properties"]["children"]["items"]["$ref"]) is node
+
+
+class Titled(pydantic.BaseModel):
+    max_items: int
+    title: str
+    other: int = pydantic.Field(title="Something else")
+    nested: list[Address | None] = []
+
+
+def test_reply_schema_leaves_out_titles_that_repeat_a_name() -> None:
+    schema = build_reply_schema(Titled.model_json_schema(), ["1"])
+    output = schema["$defs"]["Output"]
+    assert output["title"] == "Titled"  # the model's name says something
+    fields = output["properties"]
+    assert set(fields) == {"max_items", "title", "other", "nested"}  # no field is lost
+    assert "title" not in fields["max_items"]  # "Max Items"
+    assert "title" not in fields["title"]  # "Title"
+    assert fields["other"]["title"] == "Something else"
+    assert "title" not in schema["$defs"]["Address"]  # "Address", its $defs key
+    assert "title" not in schema["$defs"]["Address"]["properties"]["city"]
+    assert strict_openai_schema(schema)["$defs"]["Output"]["required"] == list(fields)
 
 
 def test_reply_schema_output_name_does_not_clash() -> None:

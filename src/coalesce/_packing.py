@@ -137,9 +137,47 @@ def _hoist(output_schema: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     name, n = _OUTPUT_DEF, 1
     while name in defs:
         name, n = f"{_OUTPUT_DEF}{n}", n + 1
-    defs[name] = body
+    defs = {key: _untitled(sub, key) for key, sub in defs.items()}
+    defs[name] = _untitled(body, None)
     pointer = f"#/$defs/{name}"
     return name, {key: _rewrite_refs(sub, pointer) for key, sub in defs.items()}
+
+
+# Keywords whose value is one subschema, and those whose value is a list of them.
+_SUBSCHEMA = ("items", "additionalProperties", "not", "contains", "if", "then", "else")
+_SUBSCHEMAS = ("anyOf", "allOf", "oneOf", "prefixItems")
+
+
+def _untitled(node: Any, name: str | None) -> Any:
+    """``node`` without the titles that only repeat a name the schema already gives.
+
+    Pydantic titles every field after its name (``max_items``: ``"Max Items"``) and
+    every model after its class, which is also its ``$defs`` key. A title is an
+    annotation: it constrains nothing, and each one is paid as prompt tokens on every
+    request. Titles that say something else (``Field(title=...)``) are kept.
+    """
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key == "title" and isinstance(value, str) and name is not None and _same(value, name):
+            continue
+        if key == "properties" and isinstance(value, dict):
+            out[key] = {field: _untitled(sub, field) for field, sub in value.items()}
+        elif key in _SUBSCHEMA:
+            out[key] = _untitled(value, None)
+        elif key in _SUBSCHEMAS and isinstance(value, list):
+            out[key] = [_untitled(sub, None) for sub in value]
+        else:
+            out[key] = value
+    return out
+
+
+def _same(title: str, name: str) -> bool:
+    def squash(text: str) -> str:
+        return "".join(c for c in text if c.isalnum()).casefold()
+
+    return squash(title) == squash(name)
 
 
 def build_reply_schema(
@@ -154,7 +192,9 @@ def build_reply_schema(
     The output schema goes into the root's ``$defs`` (as ``Output``, or ``Output1``...
     if the output schema already defines that name), beside its own ``$defs`` (and
     ``definitions``); every local ``$ref`` is rewritten to keep pointing at the same
-    place, and each result refers to the output by ``$ref``.
+    place, and each result refers to the output by ``$ref``. Titles that only repeat a
+    field's name or a definition's key (pydantic's defaults) are left out: they
+    constrain nothing and would be paid on every request.
 
     Args:
         output_schema: JSON schema of one item's output (e.g. ``TypeAdapter(Out).json_schema()``).
@@ -277,11 +317,11 @@ def format_instructions(
         keyed: Describe format 2 (outputs keyed by id); when false, format 1.
     """
     items = (
-        'The user message is a JSON array of items, each {"id": ..., "input": ...}. '
-        "Apply the instructions above to each item's input on its own"
+        'The user message is a JSON array of items, each {"id", "input"}: '
+        "apply the instructions above to each input on its own"
     )
     if output_schema is None:
-        return f"{items}, and give each item's output {'under' if keyed else 'with'} its id."
+        return f"{items} and give its output {'under' if keyed else 'with'} its id."
     shape = (
         '{"results": {"<id>": <its output>, ...}} with each item\'s id, copied exactly, '
         "as the key of its output, and each id exactly once."
