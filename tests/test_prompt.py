@@ -7,6 +7,7 @@ defined at module level must still resolve.
 from __future__ import annotations
 
 import enum
+import json
 import typing
 from typing import Any, Literal
 
@@ -16,7 +17,13 @@ import pytest
 from pydantic import BaseModel, TypeAdapter
 
 import coalesce
-from coalesce import ConfigurationError, InvalidOutputError, ItemError, MissingOutputError
+from coalesce import (
+    ConfigurationError,
+    InvalidOutputError,
+    ItemError,
+    TruncatedOutputError,
+)
+from coalesce.providers import CallableProvider, Completion, CompletionRequest
 from coalesce.testing import SimulatedProvider
 
 pytestmark = pytest.mark.anyio
@@ -126,19 +133,113 @@ async def test_missing_and_invalid_items_are_reasked_alone_neighbours_untouched(
 
 async def test_an_item_that_keeps_failing_gets_its_own_error(sim: SimulatedProvider) -> None:
     tag = make_tagger(sim.openai_client(max_retries=0), max_items=4, max_attempts=2)
-    sim.inject("missing_item", "missing_item")
+    # The packed reply misses one item; asked again alone (a plain call), it is not JSON.
+    sim.inject("missing_item", "malformed_json")
     results = await call_all(tag, ["a", "b", "c", "d"])
     errors = [r for r in results if isinstance(r, Exception)]
     assert len(errors) == 1
     (error,) = errors
-    assert isinstance(error, MissingOutputError)
+    assert isinstance(error, InvalidOutputError)
     assert error.attempts == 2
     assert "after 2 attempt" in str(error)
+    assert [r.items for r in sim.requests] == [4, 1]
+    assert [r.faults for r in sim.requests] == [("missing_item",), ("malformed_json",)]
     assert [r for r in results if not isinstance(r, Exception)] == [
         expected(sim, t, Ticket)
         for t, r in zip("abcd", results, strict=False)
         if not isinstance(r, Exception)
     ]
+
+
+class Level(BaseModel):
+    level: int
+
+
+async def test_a_group_of_one_is_asked_as_a_plain_call() -> None:
+    seen: list[CompletionRequest] = []
+
+    async def answer(request: CompletionRequest) -> str:
+        seen.append(request)
+        if request.user.startswith("[{"):  # packed
+            return json.dumps(
+                {"results": {i["id"]: {"level": 2} for i in json.loads(request.user)}}
+            )
+        return 'Here it is: {"level": 1}'
+
+    provider = CallableProvider(answer, structured=True)
+
+    @coalesce.prompt(client=provider, model="m", max_wait=0.0)
+    async def grade(ticket: str) -> Level:
+        """Grade the ticket."""
+
+    @coalesce.prompt(client=provider, model="m", max_wait=0.0)
+    async def grade_model(ticket: Level) -> Level:
+        """Grade the ticket."""
+
+    @coalesce.prompt(client=provider, model="m", max_wait=0.0)
+    async def label(ticket: str) -> Literal["a", "b"]:
+        """Label the ticket."""
+
+    assert await grade("the app crashes") == Level(level=1)
+    plain = seen[-1]
+    assert plain.system == "Grade the ticket."  # no packing format
+    assert plain.user == "the app crashes"  # a string as it is
+    assert plain.reply_schema == {
+        "properties": {"level": {"type": "integer"}},  # pydantic's "Level" title left out
+        "required": ["level"],
+        "title": "Level",
+        "type": "object",
+    }
+    assert await grade_model(Level(level=7)) == Level(level=1)
+    assert seen[-1].user == '{"level":7}'  # anything else as compact JSON
+    # An output that is not an object cannot be a plain call's structured output.
+    with pytest.raises(ItemError):
+        await label("x")
+    assert seen[-1].user.startswith('[{"id":"1"')
+    await grade.aclose()
+    await grade_model.aclose()
+    await label.aclose()
+
+
+async def test_an_invalid_item_in_a_streamed_reply_is_asked_again() -> None:
+    # Regression: an item found invalid while the reply streamed was dropped, and its
+    # caller got None instead of a re-ask or an error.
+    seen: list[CompletionRequest] = []
+
+    async def answer(request: CompletionRequest) -> str:
+        seen.append(request)
+        if request.user.startswith("[{"):
+            items = json.loads(request.user)
+            first, second = (item["id"] for item in items)
+            return json.dumps({"results": {first: {"level": 1}, second: {"level": "x"}}})
+        return '{"level": 2}'
+
+    @coalesce.prompt(client=CallableProvider(answer, structured=True), model="m", max_wait=0.5)
+    async def grade(ticket: str) -> Level:
+        """Grade the ticket."""
+
+    results = await call_all(grade, ["a", "bb"])  # "a", shorter, is written first
+    assert results == [Level(level=1), Level(level=2)]
+    assert [r.stream for r in seen] == [True, True]
+    assert seen[1].user == "bb"  # the invalid one, asked again alone
+    await grade.aclose()
+
+
+async def test_a_plain_call_that_is_not_json_is_asked_again() -> None:
+    replies = iter(["Sorry, I cannot.", "", '{"level": 3'])
+
+    async def answer(request: CompletionRequest) -> Completion:
+        text = next(replies)
+        return Completion(text, "length" if text.endswith("3") else "stop")
+
+    @coalesce.prompt(client=CallableProvider(answer), model="m", max_wait=0.0, max_attempts=3)
+    async def grade(ticket: str) -> Level:
+        """Grade the ticket."""
+
+    with pytest.raises(TruncatedOutputError) as caught:
+        await grade("x")
+    assert caught.value.attempts == 3
+    await grade.aclose()
 
 
 async def test_truncated_reply_keeps_complete_items_and_reasks_the_rest(

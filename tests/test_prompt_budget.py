@@ -186,9 +186,11 @@ async def test_a_custom_token_estimator_and_wait_times_in_statistics() -> None:
 
 async def test_a_provider_that_cannot_stream_is_planned_as_whole_replies() -> None:
     async def answer(request: CompletionRequest) -> str:
-        ids = [item["id"] for item in json.loads(request.user)]
         await anyio.sleep(0.5)  # one piece, at the end
-        return json.dumps({"results": [{"id": i, "output": {"label": "bug"}} for i in ids]})
+        if not request.user.startswith("["):
+            return json.dumps({"label": "bug"})  # a group of one, asked as a plain call
+        ids = [item["id"] for item in json.loads(request.user)]
+        return json.dumps({"results": {i: {"label": "bug"} for i in ids}})
 
     @coalesce.prompt(
         client=CallableProvider(answer), model="gpt-4o-mini", latency_budget=5.0, max_wait=0.5

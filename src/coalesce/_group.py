@@ -22,6 +22,7 @@ from ._jsonstream import Failed, Resolved, StreamSplitter
 from ._latency import LatencyModel, LatencyPrior
 from ._outcomes import FailureKind, ItemFailure, failure_error
 from ._packing import pack_request, split_reply
+from ._plain import answers_alone, plain_request, split_plain
 from ._planner import (
     Pace,
     PlanItem,
@@ -196,6 +197,10 @@ async def run_group(spec: Spec, jobs: list[Job], settle: Callable[[int, Any], No
             failed += await _ask(spec, jobs, group, settle)
         pending = failed
         group_size = max(1, math.ceil(len(failed) / 2)) if group_size > 1 else 1
+    for index, job in enumerate(jobs):
+        if not job.done:  # never expected: no caller may be left with nothing
+            failure = ItemFailure(FailureKind.MISSING, None, "no outcome was decided for it")
+            settle(index, failure_error(str(index + 1), failure, attempts=job.attempts))
 
 
 def keyed_replies(spec: Spec) -> bool:
@@ -218,13 +223,21 @@ async def _ask(
         key = jobs[index].key if spec.dedupe else str(index)
         slots.setdefault(key, []).append(index)
     members = _writing_order(spec, jobs, list(slots.values()))
-    packed = pack_request(
-        spec.instructions,
-        [jobs[group[0]].item for group in members],
-        spec.output_schema,
-        structured=spec.provider.structured,
-        keyed=keyed_replies(spec),
-    )
+    items = [jobs[group[0]].item for group in members]
+    # A group of one gains nothing from packing: ask it as a plain call would.
+    alone = len(items) == 1 and answers_alone(spec.output_schema)
+    if alone:
+        packed = plain_request(
+            spec.instructions, items[0], spec.output_schema, structured=spec.provider.structured
+        )
+    else:
+        packed = pack_request(
+            spec.instructions,
+            items,
+            spec.output_schema,
+            structured=spec.provider.structured,
+            keyed=keyed_replies(spec),
+        )
     by_id = dict(zip(packed.ids, members, strict=False))
     for index in indexes:
         jobs[index].attempts += 1
@@ -234,15 +247,18 @@ async def _ask(
             if not jobs[index].done:
                 settle(index, outcome)
 
-    splitter = StreamSplitter(packed.ids, spec.validate)
+    splitter = None if alone else StreamSplitter(packed.ids, spec.validate)
     streamed = False
+    failed_early: dict[str, Any] = {}  # decided while streaming: re-asked or failed at the end
 
     def on_text(delta: str) -> None:
         nonlocal streamed
         streamed = True
-        for event in splitter.feed(delta):
+        for event in () if splitter is None else splitter.feed(delta):
             if isinstance(event, Resolved):
                 resolve(event.id, event.value)
+            elif isinstance(event, Failed):
+                failed_early[event.id] = event.failure
 
     request = CompletionRequest(
         model=spec.model,
@@ -284,13 +300,14 @@ async def _ask(
         )
     else:
         if recorder is not None:
+            plain = spec.plain_shared_tokens
             recorder.request_finished(
                 len(members),
                 completion.usage,
-                shared_input_tokens=spec.shared_tokens,
-                plain_shared_input_tokens=spec.plain_shared_tokens,
-                frame_tokens=spec.frame_tokens,
-                answer_frame_tokens=spec.answer_frame_tokens,
+                shared_input_tokens=plain if alone and plain is not None else spec.shared_tokens,
+                plain_shared_input_tokens=plain,
+                frame_tokens=0 if alone else spec.frame_tokens,
+                answer_frame_tokens=0 if alone else spec.answer_frame_tokens,
                 ttft=completion.ttft,
                 seconds=completion.seconds,
                 reask=reask,
@@ -301,7 +318,13 @@ async def _ask(
         spec.planner.learn(
             completion, len(members), jobs[indexes[0]].partition, anyio.current_time()
         )
-    failures = _final_outcomes(spec, packed.ids, completion, splitter if streamed else None)
+    if alone:
+        split = split_plain(completion.text, spec.validate, truncated=completion.truncated)
+        failures: dict[str, Any] = {**split.values, **split.failures}
+    else:
+        failures = _final_outcomes(spec, packed.ids, completion, splitter if streamed else None)
+        if streamed:
+            failures.update(failed_early)
     return _settle_failures(spec, jobs, by_id, failures, resolve, completion, deadline)
 
 

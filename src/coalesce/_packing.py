@@ -82,9 +82,18 @@ def pack_items(items: Sequence[tuple[str, Any]]) -> str:
         ConfigurationError: The ids are not unique strings, or an input is not JSON-able.
     """
     check_ids(item_id for item_id, _ in items)
+    return pack_value([{"id": item_id, "input": item} for item_id, item in items])
+
+
+def pack_value(value: Any) -> str:
+    """``value`` as compact JSON (``ensure_ascii=False``; pydantic models dumped).
+
+    Raises:
+        ConfigurationError: The value is not JSON-able (NaN and infinities included).
+    """
     try:
         return json.dumps(
-            [{"id": item_id, "input": item} for item_id, item in items],
+            value,
             ensure_ascii=False,
             allow_nan=False,
             default=_jsonable,
@@ -141,6 +150,18 @@ def _hoist(output_schema: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     defs[name] = _untitled(body, None)
     pointer = f"#/$defs/{name}"
     return name, {key: _rewrite_refs(sub, pointer) for key, sub in defs.items()}
+
+
+def untitled_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``schema`` (and of its ``$defs``) without the titles that only repeat a
+    field's name or a definition's key; see :func:`build_reply_schema`."""
+    copied = copy.deepcopy(dict(schema))
+    copied.pop("$schema", None)
+    for key in ("$defs", "definitions"):
+        if isinstance(copied.get(key), dict):
+            copied[key] = {name: _untitled(sub, name) for name, sub in copied[key].items()}
+    untitled: dict[str, Any] = _untitled(copied, None)
+    return untitled
 
 
 # Keywords whose value is one subschema, and those whose value is a list of them.

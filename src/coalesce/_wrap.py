@@ -28,6 +28,7 @@ import anyio
 from ._batcher import _Window
 from ._group import Job, Spec
 from ._latency import LatencyPrior
+from ._plain import PLAIN_ID
 from ._pricing import Price
 from ._prompt import (
     DEFAULT_MAX_ATTEMPTS,
@@ -77,6 +78,8 @@ class _Ledger:
         packed = _loads(request.user)
         outputs = _outputs(completion.text)
         slots = _assign(packed, carried)
+        if not slots and len(carried) == 1:  # a group of one, asked as a plain call
+            slots = [({"id": PLAIN_ID, "input": carried[0].item}, carried[0])]
         if not slots:
             return
         own_in = [self._estimator.count(_dumps(entry.get("input"))) for entry, _ in slots]

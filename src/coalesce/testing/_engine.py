@@ -7,6 +7,7 @@ any I/O, so it is tested without an event loop.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import re
@@ -157,7 +158,11 @@ def _write_results(
 
 
 def _single_value(prompt: Prompt, lengths: OutputTokens) -> Any:
-    question = "".join(prompt.user_parts)
+    question: Any = "".join(prompt.user_parts)
+    if question.lstrip().startswith(("{", "[")):
+        # An item sent as JSON (a plain call of one structured item) is that value.
+        with contextlib.suppress(ValueError):
+            question = json.loads(question)
     value = expected_output(question, prompt.schema, output_tokens=target_tokens(lengths, question))
     if prompt.schema is None and (prompt.json_mode or prompt.tool is not None):
         return {"output": value}

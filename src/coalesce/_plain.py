@@ -1,0 +1,114 @@
+"""A group of one, asked as a plain call.
+
+A packed request pays for its format: the reply-format sentence, the reply schema's
+wrapper and the item's frame, about a sixth more prompt tokens than the same item
+asked on its own. A group of one gains nothing from packing, so when the output can
+be asked for on its own (its schema is an object, which is what OpenAI's structured
+outputs and Anthropic's tool inputs take as a root), it is sent as the application
+would send it without coalesce:
+
+* **system**: the instructions only (with a one-sentence reply format and the output
+  schema when the provider does not enforce a schema);
+* **user**: the item: a string as it is, anything else as compact JSON;
+* **reply schema**: the output schema itself (titles that only repeat a name left out).
+
+The reply is the output itself, validated like a packed one; a failure gets the same
+:class:`~coalesce._outcomes.ItemFailure` kinds, so re-asks work the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from ._outcomes import FailureKind, ItemFailure, Occurrence, Split, judge
+from ._packing import PackedRequest, pack_value, untitled_schema
+
+__all__ = ["PLAIN_ID", "answers_alone", "plain_request", "split_plain"]
+
+T = TypeVar("T")
+
+PLAIN_ID = "1"
+"""The id a plain call's only item goes by in outcomes and statistics."""
+
+
+def answers_alone(output_schema: Mapping[str, Any]) -> bool:
+    """Whether an output of this schema can be asked for by a plain call: its root is an
+    object (OpenAI's structured outputs and Anthropic's tool inputs take no other)."""
+    kind = output_schema.get("type")
+    return (kind == "object" or (kind is None and "properties" in output_schema)) and not any(
+        key in output_schema for key in ("$ref", "anyOf", "oneOf", "allOf")
+    )
+
+
+def plain_request(
+    instructions: str, item: Any, output_schema: Mapping[str, Any], *, structured: bool = True
+) -> PackedRequest:
+    """One item asked on its own (see the module doc).
+
+    Args:
+        instructions: The shared task instructions.
+        item: The item: a string is sent as it is, anything else as compact JSON.
+        output_schema: JSON schema of the output, an object (see :func:`answers_alone`).
+        structured: The provider enforces the reply schema; when false, the schema is
+            spelled out in the system message instead.
+
+    Raises:
+        ConfigurationError: The item is not JSON-able.
+    """
+    schema = untitled_schema(output_schema)
+    system = instructions.rstrip()
+    if not structured:
+        text = json.dumps(schema, ensure_ascii=False, sort_keys=True)
+        system += (
+            "\n\nReply with one JSON object and nothing else (no prose, no code fence),"
+            f" valid against this JSON schema: {text}"
+        )
+    user = item if isinstance(item, str) else pack_value(item)
+    return PackedRequest(system, user, (PLAIN_ID,), schema)
+
+
+def split_plain(text: str, validate: Callable[[Any], T], *, truncated: bool = False) -> Split[T]:
+    """The outcome of a plain call's reply: its one value, or why there is none.
+
+    The reply is the output's JSON; prose or a code fence around it are skipped (the
+    first ``{`` that starts a complete JSON value is taken).
+
+    Args:
+        text: The reply text (for a tool call, ``json.dumps`` of its input).
+        validate: Converts the raw output to the caller's type; any exception it raises
+            marks the output invalid.
+        truncated: The provider said the reply was cut off.
+    """
+    found, raw = _json_object(text)
+    failure: ItemFailure | None = None
+    if not found:
+        if truncated:
+            failure = ItemFailure(FailureKind.TRUNCATED, None, "the reply was cut off")
+        elif not text.strip():
+            failure = ItemFailure(FailureKind.MISSING, None, "the reply was empty")
+        else:
+            failure = ItemFailure(FailureKind.INVALID, text, "the reply was not JSON")
+    else:
+        ok, outcome = judge(Occurrence(PLAIN_ID, raw, True, ""), validate)
+        if ok:
+            return Split((PLAIN_ID,), {PLAIN_ID: outcome}, {}, (), truncated)
+        failure = outcome
+    return Split((PLAIN_ID,), {}, {PLAIN_ID: failure}, (), truncated)
+
+
+def _json_object(text: str) -> tuple[bool, Any]:
+    stripped = text.strip()
+    try:
+        return True, json.loads(stripped, strict=False)
+    except ValueError:
+        pass
+    decoder = json.JSONDecoder(strict=False)
+    start = stripped.find("{")
+    while start != -1:
+        try:
+            return True, decoder.raw_decode(stripped, start)[0]
+        except ValueError:
+            start = stripped.find("{", start + 1)
+    return False, None
