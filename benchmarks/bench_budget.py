@@ -7,8 +7,8 @@ ways:
 
 * one call per item, without coalesce: the SDK's ``parse`` with the output model, as
   the application does today (the baseline of every ratio);
-* ``coalesce.prompt`` with groups of one (``max_items=1``): the same calls in coalesce's
-  packed format, to show what the format itself costs;
+* ``coalesce.prompt`` with groups of one (``max_items=1``): what coalesce costs when
+  there is nothing to pack (a group of one is asked as a plain call);
 * fixed groups of 20 (``max_items=20``, ``max_wait=0.5``, no budget);
 * coalesced at ``latency_budget=2.0`` with ``max_wait=0.5``: the planner sizes each group.
 
@@ -31,10 +31,11 @@ from typing import Any, Literal
 import anyio
 import httpx
 import openai
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
 import coalesce
 from coalesce._demo import run_mode, run_plain, simulated_provider
+from coalesce._packing import openai_response_format, pack_request
 from coalesce._planner import best_group_size
 from coalesce._pricing import cost, price_for
 from coalesce._tokens import count_tokens
@@ -139,24 +140,38 @@ async def run(url: str, arrivals: list[float], **options: Any) -> dict[str, Any]
     }
 
 
+async def packed_usage(url: str, size: int) -> tuple[int, int]:
+    """Prompt and completion tokens the provider reports for one packed request of
+    ``size`` tickets, in the format coalesce sends (``coalesce.prompt`` asks a group of
+    one as a plain call, so this is asked directly)."""
+    schema = TypeAdapter(Triage).json_schema()
+    request = pack_request(INSTRUCTIONS, tickets(size), schema)
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="sk-sim") as client:
+        reply = await client.chat.completions.create(
+            model=MODEL,
+            messages=request.messages(),  # type: ignore[arg-type]
+            response_format=openai_response_format(request.reply_schema),  # type: ignore[arg-type]
+        )
+    assert reply.usage is not None
+    return reply.usage.prompt_tokens, reply.usage.completion_tokens
+
+
 def best_size(
-    rate: float, one: dict[str, Any], twenty: dict[str, Any], plain: dict[str, Any]
+    rate: float, one: tuple[int, int], twenty: tuple[int, int], plain: dict[str, Any]
 ) -> tuple[int, float]:
     """The best group size for the budget, and its prompt tokens against plain calls.
 
     Tokens per request are linear in the group size k: ``shared + k * per_item``, for
     the prompt and for the reply alike. Both lines go through what the provider
-    reported for coalesce's groups of one and fixed groups of 20; the request's
-    duration is the simulated model's own (TTFT, prefill, decode speed)."""
+    reported for packed requests of 1 and of 20 tickets; the request's duration is the
+    simulated model's own (TTFT, prefill, decode speed)."""
 
-    def line(field: str) -> tuple[float, float]:
-        at_one = one[field] / one["requests"]
-        at_twenty = twenty[field] / twenty["requests"]
+    def line(at_one: int, at_twenty: int) -> tuple[float, float]:
         per_item = (at_twenty - at_one) / 19
         return at_one - per_item, per_item
 
-    shared_in, item_in = line("prompt_tokens")
-    shared_out, item_out = line("completion_tokens")
+    shared_in, item_in = line(one[0], twenty[0])
+    shared_out, item_out = line(one[1], twenty[1])
     size = best_group_size(
         arrival_rate=rate,
         budget=BUDGET,
@@ -196,6 +211,7 @@ async def main(calls: int, rate: float, seed: int, plot_path: str = "") -> None:
                 overhead=0.4, prefill_per_token=1e-4, decode_per_token=1 / 80
             ),
         )
+        packed = {size: await packed_usage(url, size) for size in (1, 20)}
     base = runs["one call per item"]
     print(
         f"{calls} calls, Poisson arrivals at {rate:g}/s (seed {seed}); simulated provider over"
@@ -215,13 +231,11 @@ async def main(calls: int, rate: float, seed: int, plot_path: str = "") -> None:
             f" | {r['cost']:.4f} |"
         )
     planned = runs[f"coalesce, budget {BUDGET:g} s"]
-    best, best_ratio = best_size(
-        rate, runs["coalesce, groups of one"], runs["fixed groups of 20"], base
-    )
+    best, best_ratio = best_size(rate, packed[1], packed[20], base)
     goal = 1 - 0.9 * (1 - best_ratio)  # 90% of the best size's savings
     print(
         f"\nBest group size for this budget (from the simulated model's parameters and the"
-        f" tokens it reported for groups of 1 and of 20): {best}, prompt tokens"
+        f" tokens it reported for packed requests of 1 and of 20): {best}, prompt tokens"
         f" {best_ratio:.2f}x one per item; 90% of its savings is {goal:.2f}x"
     )
     print(

@@ -427,3 +427,17 @@ async def test_statistics_count_calls_tokens_cost_and_savings(sim: SimulatedProv
     assert 0 < stats.savings < 1
     assert stats.latency_p50 > 0
     assert {type(event).__name__ for event in events} >= {"CallEvent", "RequestEvent"}
+
+
+async def test_calls_sent_alone_cost_what_plain_calls_cost(sim: SimulatedProvider) -> None:
+    @coalesce.prompt(client=sim.openai_client(max_retries=0), model="gpt-4o-mini", max_wait=0.0)
+    async def grade(ticket: str) -> Level:
+        """Grade the support ticket by how urgent it is."""
+
+    answers = [await grade(f"ticket {n}") for n in range(3)]  # one at a time: groups of one
+    assert answers == [expected(sim, f"ticket {n}", Level) for n in range(3)]
+    stats = grade.statistics()
+    assert (stats.requests, stats.items_per_request) == (3, 1.0)
+    assert stats.input_tokens == stats.input_tokens_one_per_item == sim.statistics().prompt_tokens
+    assert stats.savings == 0.0
+    await grade.aclose()

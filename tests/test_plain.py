@@ -1,0 +1,101 @@
+"""A group of one, asked as a plain call: the request and the reply (pure)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+import pydantic
+import pytest
+
+from coalesce._exceptions import ConfigurationError
+from coalesce._outcomes import FailureKind
+from coalesce._plain import PLAIN_ID, answers_alone, plain_request, split_plain
+
+
+class Verdict(pydantic.BaseModel):
+    label: Literal["good", "bad"]
+    score: int = pydantic.Field(ge=0, le=10, title="Score out of ten")
+
+
+@pytest.mark.parametrize(
+    ("schema", "alone"),
+    [
+        (Verdict.model_json_schema(), True),
+        ({"type": "object", "properties": {"x": {"type": "integer"}}}, True),
+        ({"properties": {"x": {"type": "integer"}}}, True),
+        ({"type": "string"}, False),
+        ({"enum": ["a", "b"]}, False),
+        ({"type": "array", "items": {"type": "integer"}}, False),
+        ({"$ref": "#/$defs/A", "$defs": {"A": {"type": "object"}}}, False),
+        ({"anyOf": [{"type": "object"}, {"type": "null"}]}, False),
+    ],
+)
+def test_only_object_outputs_are_asked_alone(schema: dict[str, Any], alone: bool) -> None:
+    assert answers_alone(schema) is alone
+
+
+def test_plain_request_is_what_a_plain_call_sends() -> None:
+    schema = Verdict.model_json_schema()
+    request = plain_request("Judge the review.  \n", 'it is "fine"', schema)
+    assert request.system == "Judge the review."
+    assert request.user == 'it is "fine"'  # a string as it is, not JSON-quoted
+    assert request.ids == (PLAIN_ID,)
+    fields = request.reply_schema["properties"]
+    assert "title" not in fields["label"]  # "Label" only repeats the name
+    assert fields["score"]["title"] == "Score out of ten"
+    assert schema["properties"]["label"]["title"] == "Label"  # the input is untouched
+    assert plain_request("x", {"b": [1, "é"]}, schema).user == '{"b":[1,"é"]}'
+    assert plain_request("x", Verdict(label="good", score=3), schema).user == (
+        '{"label":"good","score":3}'
+    )
+    with pytest.raises(ConfigurationError, match="JSON"):
+        plain_request("x", {"n": float("nan")}, schema)
+
+
+def test_plain_request_describes_the_schema_when_the_provider_does_not_enforce_it() -> None:
+    request = plain_request("Judge.", "x", Verdict.model_json_schema(), structured=False)
+    first, described = request.system.split("\n\n")
+    assert first == "Judge."
+    assert "one JSON object and nothing else" in described
+    schema_text = described[described.index("{") :]
+    assert json.loads(schema_text) == request.reply_schema
+
+
+def validate(raw: Any) -> Verdict:
+    return Verdict.model_validate(raw)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"label": "good", "score": 7}',
+        '  {"label":"good","score":7}\n',
+        'Sure! {"label": "good", "score": 7} Hope it helps {',
+        '```json\n{"label": "good", "score": 7}\n```',
+        'A {brace} first, then {"label": "good", "score": 7}',
+    ],
+)
+def test_split_plain_finds_the_object(text: str) -> None:
+    split = split_plain(text, validate)
+    assert split.values == {PLAIN_ID: Verdict(label="good", score=7)}
+    assert split.ok
+
+
+@pytest.mark.parametrize(
+    ("text", "truncated", "kind"),
+    [
+        ('{"label": "good", "score": 70}', False, FailureKind.INVALID),
+        ("I cannot judge this.", False, FailureKind.INVALID),
+        ("", False, FailureKind.MISSING),
+        ('{"label": "good", "sco', True, FailureKind.TRUNCATED),
+        ("", True, FailureKind.TRUNCATED),
+    ],
+)
+def test_split_plain_failures(text: str, truncated: bool, kind: FailureKind) -> None:
+    split = split_plain(text, validate, truncated=truncated)
+    assert not split.values
+    assert split.failures[PLAIN_ID].kind is kind
+    assert split.truncated is truncated
+    if kind is FailureKind.INVALID and text.startswith("{"):
+        assert split.failures[PLAIN_ID].raw == {"label": "good", "score": 70}
