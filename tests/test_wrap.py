@@ -274,6 +274,25 @@ async def test_openai_json_schema() -> None:
 
 
 @pytest.mark.anyio
+async def test_a_lone_structured_call_is_sent_plain_and_charged_in_full() -> None:
+    sim = SimulatedProvider()
+    rf = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": SCHEMA}}
+    async with wrap(sim.openai_client(max_retries=0), max_wait=0.0) as client:
+        reply = await client.chat.completions.create(**chat("mail 1", response_format=rf))
+        stats = client.statistics()["gpt-4o-mini"]
+    assert json.loads(reply.choices[0].message.content or "") == sim.expected_output(
+        "mail 1", SCHEMA
+    )
+    (record,) = sim.requests
+    assert reply.usage is not None
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (
+        record.prompt_tokens,
+        record.completion_tokens,
+    )
+    assert stats.savings == 0.0  # what the plain call would have cost
+
+
+@pytest.mark.anyio
 async def test_anthropic_text_and_forced_tool() -> None:
     sim = SimulatedProvider()
     tool = {
