@@ -18,7 +18,7 @@ Every character is looked at a bounded number of times and a result's text is
 joined once, when it completes, so the work is linear in the reply's length whatever
 the chunking. Chunks may split the text anywhere, even inside an escape sequence.
 
-:class:`StreamSplitter` turns those objects into per-id events as soon as each object
+:class:`StreamSplitter` turns those results into per-id events as soon as each one
 completes. Its rules, and why:
 
 * An id's **first complete occurrence decides it**, valid or not. A later occurrence of
@@ -291,7 +291,7 @@ class ResultScanner:
 
 
 class IgnoreReason(enum.Enum):
-    """Why a result object in a stream resolved nobody."""
+    """Why a result in a stream resolved nobody."""
 
     UNKNOWN = "unknown"
     """Its id is not one of the request's."""
@@ -317,7 +317,7 @@ class Failed:
 
 @dataclass(frozen=True)
 class Ignored:
-    """A result object that resolved nobody (reported for statistics and logs)."""
+    """A result that resolved nobody (reported for statistics and logs)."""
 
     id: str
     reason: IgnoreReason
@@ -328,7 +328,7 @@ StreamEvent = Union[Resolved[T], Failed, Ignored]  # noqa: UP007 - runtime alias
 
 
 class StreamSplitter(Generic[T]):
-    """Splits a streamed reply into per-id events as each result object completes.
+    """Splits a streamed reply into per-id events as each result completes.
 
     Args:
         ids: The request's ids (unique strings).
@@ -373,7 +373,7 @@ class StreamSplitter(Generic[T]):
             chunk: The next piece of text, split anywhere.
 
         Returns:
-            One event per result object completed by this chunk.
+            One event per result completed by this chunk.
 
         Raises:
             RuntimeError: The splitter was already closed.
@@ -407,7 +407,7 @@ class StreamSplitter(Generic[T]):
 
         Args:
             truncated: The provider said the reply was cut off (``finish_reason:
-                length``). A reply that ends inside the results array counts as cut off
+                length``). A reply that ends inside the results counts as cut off
                 too. Pending ids then fail as ``TRUNCATED``, otherwise as ``MISSING``.
 
         Returns:

@@ -70,7 +70,7 @@ class Split(Generic[T]):
         failures: Failure per id that did not.
         unknown_ids: Ids the reply carried that the request did not (first-seen order).
         truncated: Whether the reply was cut off (told by the caller, or evident from
-            the text ending inside the results array).
+            the text ending inside the results).
     """
 
     ids: tuple[str, ...]
@@ -87,7 +87,7 @@ class Split(Generic[T]):
 
 @dataclass(frozen=True)
 class Occurrence:
-    """One result object read from a reply, before validation.
+    """One result read from a reply, before validation.
 
     Attributes:
         id: The result's id after ``str()``.

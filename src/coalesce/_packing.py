@@ -457,9 +457,9 @@ def split_reply(
 ) -> Split[T]:
     """Split a complete reply back into one outcome per requested id.
 
-    Tolerant: prose and code fences around the JSON are skipped, a bare top-level
-    array of results is accepted, and every complete result object before a cut is
-    salvaged. Outputs are matched by id (after ``str()``), never by position. An id
+    Tolerant: prose and code fences around the JSON are skipped, format 1 replies and
+    bare top-level results (an array of result objects, or an object keyed by ids) are
+    accepted, and every complete result before a cut is salvaged. Outputs are matched by id (after ``str()``), never by position. An id
     given identical outputs more than once counts once; differing outputs fail it as
     ``DUPLICATE``. Unknown ids resolve nobody.
 
