@@ -22,7 +22,7 @@ from ._jsonstream import Failed, Resolved, StreamSplitter
 from ._latency import LatencyModel, LatencyPrior
 from ._outcomes import FailureKind, ItemFailure, failure_error
 from ._packing import pack_request, split_reply
-from ._plain import answers_alone, plain_request, split_plain, text_output
+from ._plain import answers_alone, plain_request, split_plain
 from ._planner import (
     Pace,
     PlanItem,
@@ -264,7 +264,7 @@ async def _ask(
         model=spec.model,
         system=packed.system,
         user=packed.user,
-        reply_schema=(packed.reply_schema or None) if spec.provider.structured else None,
+        reply_schema=packed.reply_schema if spec.provider.structured else None,
         max_output_tokens=spec.max_output_tokens,
         stream=spec.stream,
         options=spec.options,
@@ -319,12 +319,7 @@ async def _ask(
             completion, len(members), jobs[indexes[0]].partition, anyio.current_time()
         )
     if alone:
-        split = split_plain(
-            completion.text,
-            spec.validate,
-            truncated=completion.truncated,
-            as_text=text_output(spec.output_schema),
-        )
+        split = split_plain(completion.text, spec.validate, truncated=completion.truncated)
         failures: dict[str, Any] = {**split.values, **split.failures}
     else:
         failures = _final_outcomes(spec, packed.ids, completion, splitter if streamed else None)
