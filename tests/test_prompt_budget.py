@@ -206,3 +206,24 @@ async def test_a_provider_that_cannot_stream_is_planned_as_whole_replies() -> No
     assert not planning.limits.streaming
     assert not planning.configured.streaming
     await tag.aclose()
+
+
+async def test_under_a_budget_a_group_of_one_stays_packed() -> None:
+    # Plain calls for groups of one are kept out of budgeted functions: calibrating the
+    # latency model on both kinds of request made packed groups run late.
+    seen: list[str] = []
+
+    async def answer(request: CompletionRequest) -> str:
+        seen.append(request.user)
+        ids = [item["id"] for item in json.loads(request.user)]
+        return json.dumps({"results": {i: {"label": "bug"} for i in ids}})
+
+    @coalesce.prompt(
+        client=CallableProvider(answer), model="gpt-4o-mini", latency_budget=5.0, max_wait=0.0
+    )
+    async def tag(ticket: str) -> Tag:
+        """Tag the support ticket."""
+
+    assert (await tag("alone")).label == "bug"
+    assert seen == ['[{"id":"1","input":"alone"}]']
+    await tag.aclose()
