@@ -12,7 +12,9 @@ import pytest
 from pydantic import BaseModel
 
 import coalesce
-from coalesce.providers import CallableProvider, CompletionRequest
+from coalesce._group import Planning
+from coalesce._planner import PlanLimits
+from coalesce.providers import CallableProvider, Completion, CompletionRequest, Usage
 from coalesce.testing import LatencyModel, LatencyProfile, SimulatedProvider
 
 pytestmark = [
@@ -136,8 +138,7 @@ async def test_when_requests_per_minute_bind_groups_grow_within_budget() -> None
 
 
 def test_a_reask_is_refused_when_tokens_bind_and_it_cannot_be_on_time() -> None:
-    from coalesce._group import Planning
-    from coalesce._planner import PlanItem, PlanLimits
+    from coalesce._planner import PlanItem
 
     planning = Planning("gpt-4", PlanLimits(max_items=8, shared_tokens=300), 20, None)
     item = PlanItem(input_tokens=30, output_tokens=20, deadline=10.0, arrival=0.0)
@@ -208,15 +209,25 @@ async def test_a_provider_that_cannot_stream_is_planned_as_whole_replies() -> No
     await tag.aclose()
 
 
-async def test_under_a_budget_a_group_of_one_stays_packed() -> None:
-    # Plain calls for groups of one are kept out of budgeted functions: calibrating the
-    # latency model on both kinds of request made packed groups run late.
+def test_a_plain_call_teaches_the_output_size_without_a_frame() -> None:
+    # Regression: a plain call's output was learned minus the packed answer's key, so
+    # sizes learned from lone calls were short and groups planned from them ran late.
+    planning = Planning("gpt-4", PlanLimits(per_item_output_overhead_tokens=4), 20, None)
+    for n in range(10):  # the estimate follows once it has 10 observations
+        alone = Completion("{}", "stop", usage=Usage(100, 30), seconds=1.0)
+        planning.learn(alone, 1, "alone", float(n), packed=False)
+        pair = Completion("{}", "stop", usage=Usage(200, 70), seconds=1.5)
+        planning.learn(pair, 2, "pair", float(n))
+    assert planning.outputs.expected("alone") == 30
+    assert planning.outputs.expected("pair") == 31  # 70 / 2 - 4 for each answer's key
+
+
+async def test_under_a_budget_a_group_of_one_is_asked_as_a_plain_call() -> None:
     seen: list[str] = []
 
     async def answer(request: CompletionRequest) -> str:
         seen.append(request.user)
-        ids = [item["id"] for item in json.loads(request.user)]
-        return json.dumps({"results": {i: {"label": "bug"} for i in ids}})
+        return json.dumps({"label": "bug"})
 
     @coalesce.prompt(
         client=CallableProvider(answer), model="gpt-4o-mini", latency_budget=5.0, max_wait=0.0
@@ -225,5 +236,5 @@ async def test_under_a_budget_a_group_of_one_stays_packed() -> None:
         """Tag the support ticket."""
 
     assert (await tag("alone")).label == "bug"
-    assert seen == ['[{"id":"1","input":"alone"}]']
+    assert seen == ["alone"]
     await tag.aclose()

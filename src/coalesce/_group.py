@@ -152,7 +152,15 @@ class Planning:
             )
             self.limits = self._current_limits(now)
 
-    def learn(self, completion: Completion, items: int, partition: Hashable, now: float) -> None:
+    def learn(
+        self,
+        completion: Completion,
+        items: int,
+        partition: Hashable,
+        now: float,
+        *,
+        packed: bool = True,
+    ) -> None:
         usage = completion.usage
         if usage is not None:
             self._sent.append((now, usage.input_tokens + usage.output_tokens))
@@ -163,8 +171,9 @@ class Planning:
             usage.input_tokens, usage.output_tokens, completion.seconds, ttft=completion.ttft
         )
         # The reply's own frame ({"results": {...}}) is small; each item costs its
-        # output plus its key ("7":), which the planner adds back.
-        overhead = self.limits.per_item_output_overhead_tokens
+        # output plus its key ("7":), which the planner adds back. A plain call's reply
+        # is the output alone.
+        overhead = self.limits.per_item_output_overhead_tokens if packed else 0
         per_item = max(1, round(usage.output_tokens / items) - overhead)
         for _ in range(items):
             self.outputs.observe(partition, per_item)
@@ -224,11 +233,8 @@ async def _ask(
         slots.setdefault(key, []).append(index)
     members = _writing_order(spec, jobs, list(slots.values()))
     items = [jobs[group[0]].item for group in members]
-    # A group of one gains nothing from packing: ask it as a plain call would. Not
-    # under a latency budget: the latency model then calibrated on two kinds of
-    # request, and packed groups planned to the edge of the budget ran late (bench_wrap,
-    # streamed, structured: 96% within 2 s instead of 100%).
-    alone = len(items) == 1 and answers_alone(spec.output_schema) and spec.planner is None
+    # A group of one gains nothing from packing: ask it as a plain call would.
+    alone = len(items) == 1 and answers_alone(spec.output_schema)
     if alone:
         packed = plain_request(
             spec.instructions, items[0], spec.output_schema, structured=spec.provider.structured
@@ -319,7 +325,11 @@ async def _ask(
         if spec.stream and completion.text and (not streamed or completion.ttft is None):
             spec.planner.whole_replies()  # the reply came in one piece: no streaming here
         spec.planner.learn(
-            completion, len(members), jobs[indexes[0]].partition, anyio.current_time()
+            completion,
+            len(members),
+            jobs[indexes[0]].partition,
+            anyio.current_time(),
+            packed=not alone,
         )
     if alone:
         split = split_plain(completion.text, spec.validate, truncated=completion.truncated)
