@@ -10,7 +10,7 @@ import pytest
 
 from coalesce._exceptions import ConfigurationError
 from coalesce._outcomes import FailureKind
-from coalesce._plain import PLAIN_ID, answers_alone, plain_request, split_plain
+from coalesce._plain import PLAIN_ID, answers_alone, plain_request, split_plain, text_output
 
 
 class Verdict(pydantic.BaseModel):
@@ -24,14 +24,15 @@ class Verdict(pydantic.BaseModel):
         (Verdict.model_json_schema(), True),
         ({"type": "object", "properties": {"x": {"type": "integer"}}}, True),
         ({"properties": {"x": {"type": "integer"}}}, True),
-        ({"type": "string"}, False),
+        ({"type": "string"}, True),  # text: the reply is the output
+        ({"type": "string", "maxLength": 5}, False),
         ({"enum": ["a", "b"]}, False),
         ({"type": "array", "items": {"type": "integer"}}, False),
         ({"$ref": "#/$defs/A", "$defs": {"A": {"type": "object"}}}, False),
         ({"anyOf": [{"type": "object"}, {"type": "null"}]}, False),
     ],
 )
-def test_only_object_outputs_are_asked_alone(schema: dict[str, Any], alone: bool) -> None:
+def test_only_object_and_text_outputs_are_asked_alone(schema: dict[str, Any], alone: bool) -> None:
     assert answers_alone(schema) is alone
 
 
@@ -99,3 +100,17 @@ def test_split_plain_failures(text: str, truncated: bool, kind: FailureKind) -> 
     assert split.truncated is truncated
     if kind is FailureKind.INVALID and text.startswith("{"):
         assert split.failures[PLAIN_ID].raw == {"label": "good", "score": 70}
+
+
+def test_a_text_output_is_asked_for_and_read_as_text() -> None:
+    schema = {"type": "string"}
+    assert text_output(schema)
+    for structured in (True, False):
+        request = plain_request("Summarise.", "a long mail", schema, structured=structured)
+        assert request.system == "Summarise."  # no JSON format asked for
+        assert request.reply_schema == {}
+    ok = split_plain('Sure: {"not": "json"} is fine', str, as_text=True)
+    assert ok.values == {PLAIN_ID: 'Sure: {"not": "json"} is fine'}
+    cut = split_plain("Half a sent", str, truncated=True, as_text=True)
+    assert cut.failures[PLAIN_ID].kind is FailureKind.TRUNCATED
+    assert split_plain("", str, as_text=True).failures[PLAIN_ID].kind is FailureKind.MISSING

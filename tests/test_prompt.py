@@ -180,6 +180,10 @@ async def test_a_group_of_one_is_asked_as_a_plain_call() -> None:
     async def label(ticket: str) -> Literal["a", "b"]:
         """Label the ticket."""
 
+    @coalesce.prompt(client=provider, model="m", max_wait=0.0)
+    async def summarise(ticket: str) -> str:
+        """Summarise the ticket."""
+
     assert await grade("the app crashes") == Level(level=1)
     plain = seen[-1]
     assert plain.system == "Grade the ticket."  # no packing format
@@ -192,13 +196,15 @@ async def test_a_group_of_one_is_asked_as_a_plain_call() -> None:
     }
     assert await grade_model(Level(level=7)) == Level(level=1)
     assert seen[-1].user == '{"level":7}'  # anything else as compact JSON
+    # Text is asked for as text, and the reply is the answer.
+    assert await summarise("long ticket") == 'Here it is: {"level": 1}'
+    assert (seen[-1].system, seen[-1].reply_schema) == ("Summarise the ticket.", None)
     # An output that is not an object cannot be a plain call's structured output.
     with pytest.raises(ItemError):
         await label("x")
     assert seen[-1].user.startswith('[{"id":"1"')
-    await grade.aclose()
-    await grade_model.aclose()
-    await label.aclose()
+    for fn in (grade, grade_model, label, summarise):
+        await fn.aclose()
 
 
 async def test_an_invalid_item_in_a_streamed_reply_is_asked_again() -> None:

@@ -218,8 +218,15 @@ def test_a_plain_call_teaches_the_output_size_without_a_frame() -> None:
         planning.learn(alone, 1, "alone", float(n), packed=False)
         pair = Completion("{}", "stop", usage=Usage(200, 70), seconds=1.5)
         planning.learn(pair, 2, "pair", float(n))
+        reply = "out-1 word word"
+        said = Completion(reply, "stop", usage=Usage(100, 30), seconds=1.0)
+        planning.learn(said, 1, "text", float(n), packed=False, text=reply)
     assert planning.outputs.expected("alone") == 30
     assert planning.outputs.expected("pair") == 31  # 70 / 2 - 4 for each answer's key
+    # Packed, a text answer is a JSON string: its quotes are planned for too.
+    quotes = planning.estimator.count('"out-1 word word"') - planning.estimator.count(reply)
+    assert quotes > 0
+    assert planning.outputs.expected("text") == 30 + quotes
 
 
 async def test_under_a_budget_a_group_of_one_is_asked_as_a_plain_call() -> None:

@@ -195,3 +195,12 @@ def test_item_output_schema_rebases_references_to_the_output() -> None:
     schema = item_output_schema(root)
     assert schema is not None
     assert expected_output("t", schema) == expected_output("t", Tree.model_json_schema())
+
+
+def test_free_text_is_the_same_answer_with_or_without_a_string_schema() -> None:
+    text = expected_output("item")
+    assert expected_output("item", {"type": "string", "title": "Answer"}) == text
+    assert (
+        expected_output("item", {"$ref": "#/$defs/A", "$defs": {"A": {"type": "string"}}}) == text
+    )
+    assert expected_output("item", {"type": "string", "maxLength": 3}) != text  # constrained

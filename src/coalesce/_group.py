@@ -9,6 +9,7 @@ for the items whose output was missing or invalid.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -22,7 +23,7 @@ from ._jsonstream import Failed, Resolved, StreamSplitter
 from ._latency import LatencyModel, LatencyPrior
 from ._outcomes import FailureKind, ItemFailure, failure_error
 from ._packing import pack_request, split_reply
-from ._plain import answers_alone, plain_request, split_plain
+from ._plain import answers_alone, plain_request, split_plain, text_output
 from ._planner import (
     Pace,
     PlanItem,
@@ -160,6 +161,7 @@ class Planning:
         now: float,
         *,
         packed: bool = True,
+        text: str | None = None,
     ) -> None:
         usage = completion.usage
         if usage is not None:
@@ -172,9 +174,11 @@ class Planning:
         )
         # The reply's own frame ({"results": {...}}) is small; each item costs its
         # output plus its key ("7":), which the planner adds back. A plain call's reply
-        # is the output alone.
+        # is the output alone; a text one is written as a JSON string when packed.
         overhead = self.limits.per_item_output_overhead_tokens if packed else 0
         per_item = max(1, round(usage.output_tokens / items) - overhead)
+        if text is not None:
+            per_item += self.estimator.count(json.dumps(text)) - self.estimator.count(text)
         for _ in range(items):
             self.outputs.observe(partition, per_item)
         if items > self.largest:
@@ -273,7 +277,7 @@ async def _ask(
         model=spec.model,
         system=packed.system,
         user=packed.user,
-        reply_schema=packed.reply_schema if spec.provider.structured else None,
+        reply_schema=(packed.reply_schema or None) if spec.provider.structured else None,
         max_output_tokens=spec.max_output_tokens,
         stream=spec.stream,
         options=spec.options,
@@ -330,9 +334,15 @@ async def _ask(
             jobs[indexes[0]].partition,
             anyio.current_time(),
             packed=not alone,
+            text=completion.text if alone and text_output(spec.output_schema) else None,
         )
     if alone:
-        split = split_plain(completion.text, spec.validate, truncated=completion.truncated)
+        split = split_plain(
+            completion.text,
+            spec.validate,
+            truncated=completion.truncated,
+            as_text=text_output(spec.output_schema),
+        )
         failures: dict[str, Any] = {**split.values, **split.failures}
     else:
         failures = _final_outcomes(spec, packed.ids, completion, splitter if streamed else None)

@@ -4,16 +4,18 @@ A packed request pays for its format: the reply-format sentence, the reply schem
 wrapper and the item's frame, about a sixth more prompt tokens than the same item
 asked on its own. A group of one gains nothing from packing, so when the output can
 be asked for on its own (its schema is an object, which is what OpenAI's structured
-outputs and Anthropic's tool inputs take as a root), it is sent as the application
-would send it without coalesce:
+outputs and Anthropic's tool inputs take as a root, or it is plain text), it is sent
+as the application would send it without coalesce:
 
 * **system**: the instructions only (with a one-sentence reply format and the output
-  schema when the provider does not enforce a schema);
+  schema when the output is an object and the provider does not enforce a schema);
 * **user**: the item: a string as it is, anything else as compact JSON;
-* **reply schema**: the output schema itself (titles that only repeat a name left out).
+* **reply schema**: the output schema itself (titles that only repeat a name left
+  out); none for a text output.
 
-The reply is the output itself, validated like a packed one; a failure gets the same
-:class:`~coalesce._outcomes.ItemFailure` kinds, so re-asks work the same way.
+The reply is the output itself (the text, for a text output), validated like a packed
+one; a failure gets the same :class:`~coalesce._outcomes.ItemFailure` kinds, so
+re-asks work the same way.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any, TypeVar
 from ._outcomes import FailureKind, ItemFailure, Occurrence, Split, judge
 from ._packing import PackedRequest, pack_value, untitled_schema
 
-__all__ = ["PLAIN_ID", "answers_alone", "plain_request", "split_plain"]
+__all__ = ["PLAIN_ID", "answers_alone", "plain_request", "split_plain", "text_output"]
 
 T = TypeVar("T")
 
@@ -33,9 +35,17 @@ PLAIN_ID = "1"
 """The id a plain call's only item goes by in outcomes and statistics."""
 
 
+def text_output(output_schema: Mapping[str, Any]) -> bool:
+    """Whether the output is plain text (``str``): a plain call's reply is the output."""
+    return dict(output_schema) == {"type": "string"}
+
+
 def answers_alone(output_schema: Mapping[str, Any]) -> bool:
-    """Whether an output of this schema can be asked for by a plain call: its root is an
-    object (OpenAI's structured outputs and Anthropic's tool inputs take no other)."""
+    """Whether an output of this schema can be asked for by a plain call: it is text, or
+    its root is an object (OpenAI's structured outputs and Anthropic's tool inputs take
+    no other)."""
+    if text_output(output_schema):
+        return True
     kind = output_schema.get("type")
     return (kind == "object" or (kind is None and "properties" in output_schema)) and not any(
         key in output_schema for key in ("$ref", "anyOf", "oneOf", "allOf")
@@ -50,38 +60,47 @@ def plain_request(
     Args:
         instructions: The shared task instructions.
         item: The item: a string is sent as it is, anything else as compact JSON.
-        output_schema: JSON schema of the output, an object (see :func:`answers_alone`).
+        output_schema: JSON schema of the output, an object or text (see
+            :func:`answers_alone`).
         structured: The provider enforces the reply schema; when false, the schema is
             spelled out in the system message instead.
+
+    Returns:
+        The request; its ``reply_schema`` is empty for a text output (ask for text).
 
     Raises:
         ConfigurationError: The item is not JSON-able.
     """
-    schema = untitled_schema(output_schema)
+    text = text_output(output_schema)
+    schema = {} if text else untitled_schema(output_schema)
     system = instructions.rstrip()
-    if not structured:
-        text = json.dumps(schema, ensure_ascii=False, sort_keys=True)
+    if not structured and not text:
+        described = json.dumps(schema, ensure_ascii=False, sort_keys=True)
         system += (
             "\n\nReply with one JSON object and nothing else (no prose, no code fence),"
-            f" valid against this JSON schema: {text}"
+            f" valid against this JSON schema: {described}"
         )
     user = item if isinstance(item, str) else pack_value(item)
     return PackedRequest(system, user, (PLAIN_ID,), schema)
 
 
-def split_plain(text: str, validate: Callable[[Any], T], *, truncated: bool = False) -> Split[T]:
+def split_plain(
+    text: str, validate: Callable[[Any], T], *, truncated: bool = False, as_text: bool = False
+) -> Split[T]:
     """The outcome of a plain call's reply: its one value, or why there is none.
 
     The reply is the output's JSON; prose or a code fence around it are skipped (the
-    first ``{`` that starts a complete JSON value is taken).
+    first ``{`` that starts a complete JSON value is taken). A text output is the reply
+    itself, unless it was cut off.
 
     Args:
         text: The reply text (for a tool call, ``json.dumps`` of its input).
         validate: Converts the raw output to the caller's type; any exception it raises
             marks the output invalid.
         truncated: The provider said the reply was cut off.
+        as_text: The output is text (:func:`text_output`).
     """
-    found, raw = _json_object(text)
+    found, raw = (bool(text) and not truncated, text) if as_text else _json_object(text)
     failure: ItemFailure | None = None
     if not found:
         if truncated:

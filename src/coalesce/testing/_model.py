@@ -61,8 +61,8 @@ def expected_output(
 ) -> Any:
     """Return the answer the simulated model gives to ``item_input``.
 
-    Without a schema the answer is a short string derived from the input (``"out-"``
-    and 12 hex digits). With a JSON schema the answer is an instance of it, drawn
+    Without a schema, or with one that asks for any string, the answer is a short
+    string derived from the input (``"out-"`` and 12 hex digits). With a JSON schema the answer is an instance of it, drawn
     deterministically: enums, consts, numbers within bounds, array lengths within
     ``minItems``/``maxItems``, ``$ref`` into ``$defs`` and ``anyOf``/``oneOf``.
 
@@ -74,7 +74,8 @@ def expected_output(
             with deterministic words until the answer is about this many tokens long.
     """
     key = _input_key(item_input)
-    if schema is None:
+    if schema is None or _free_text(schema):
+        # Free text is the same answer whether asked for as text or as a JSON string.
         padded = _pad(f"out-{key[:12]}", key, output_tokens, f"out-{key[:12]}")
         return padded
     generator = _Generator(schema, key)
@@ -82,6 +83,23 @@ def expected_output(
     if output_tokens is not None and generator.free_strings:
         value = _pad_at(value, generator.free_strings[0], key, output_tokens)
     return value
+
+
+def _free_text(schema: Mapping[str, Any]) -> bool:
+    """A schema that asks for any string: ``{"type": "string"}``, annotations aside,
+    directly or through a ``$ref`` into its ``$defs``."""
+    node: Any = schema
+    for _ in range(8):
+        ref = node.get("$ref") if isinstance(node, Mapping) else None
+        if not isinstance(ref, str) or not ref.startswith("#/$defs/"):
+            break
+        node = schema.get("$defs", {}).get(ref[len("#/$defs/") :])
+    if not isinstance(node, Mapping):
+        return False
+    return {k: v for k, v in node.items() if k not in _ANNOTATIONS} == {"type": "string"}
+
+
+_ANNOTATIONS = frozenset({"$defs", "definitions", "$schema", "title", "description"})
 
 
 def _estimate_tokens(value: Any) -> int:
