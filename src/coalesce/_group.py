@@ -22,7 +22,7 @@ from ._exceptions import ItemError
 from ._jsonstream import Failed, Resolved, StreamSplitter
 from ._latency import LatencyModel, LatencyPrior
 from ._outcomes import FailureKind, ItemFailure, failure_error
-from ._packing import pack_request, split_reply
+from ._packing import PackedRequest, pack_request, split_reply
 from ._plain import answers_alone, plain_request, split_plain, text_output
 from ._planner import (
     Pace,
@@ -236,21 +236,7 @@ async def _ask(
         key = jobs[index].key if spec.dedupe else str(index)
         slots.setdefault(key, []).append(index)
     members = _writing_order(spec, jobs, list(slots.values()))
-    items = [jobs[group[0]].item for group in members]
-    # A group of one gains nothing from packing: ask it as a plain call would.
-    alone = len(items) == 1 and answers_alone(spec.output_schema)
-    if alone:
-        packed = plain_request(
-            spec.instructions, items[0], spec.output_schema, structured=spec.provider.structured
-        )
-    else:
-        packed = pack_request(
-            spec.instructions,
-            items,
-            spec.output_schema,
-            structured=spec.provider.structured,
-            keyed=keyed_replies(spec),
-        )
+    packed, alone = _request_for(spec, [jobs[group[0]].item for group in members])
     by_id = dict(zip(packed.ids, members, strict=False))
     for index in indexes:
         jobs[index].attempts += 1
@@ -349,6 +335,28 @@ async def _ask(
         if streamed:
             failures.update(failed_early)
     return _settle_failures(spec, jobs, by_id, failures, resolve, completion, deadline)
+
+
+def _request_for(spec: Spec, items: list[Any]) -> tuple[PackedRequest, bool]:
+    """The request asking for ``items``, and whether it is a plain call of one item.
+
+    A group of one gains nothing from packing: when its output can be asked for on its
+    own (an object, or text), it is asked as a plain call would ask it.
+    """
+    structured = spec.provider.structured
+    if len(items) == 1 and answers_alone(spec.output_schema):
+        plain = plain_request(
+            spec.instructions, items[0], spec.output_schema, structured=structured
+        )
+        return plain, True
+    packed = pack_request(
+        spec.instructions,
+        items,
+        spec.output_schema,
+        structured=structured,
+        keyed=keyed_replies(spec),
+    )
+    return packed, False
 
 
 def _retry_recorder(recorder: PromptRecorder) -> Callable[[RetryEvent], None]:
