@@ -237,6 +237,7 @@ async def _ask(
         slots.setdefault(key, []).append(index)
     members = _writing_order(spec, jobs, list(slots.values()))
     packed, alone = _request_for(spec, [jobs[group[0]].item for group in members])
+    as_text = alone and text_output(spec.output_schema)  # a plain call answered in text
     by_id = dict(zip(packed.ids, members, strict=False))
     for index in indexes:
         jobs[index].attempts += 1
@@ -320,14 +321,14 @@ async def _ask(
             jobs[indexes[0]].partition,
             anyio.current_time(),
             packed=not alone,
-            text=completion.text if alone and text_output(spec.output_schema) else None,
+            text=completion.text if as_text else None,
         )
     if alone:
         split = split_plain(
             completion.text,
             spec.validate,
             truncated=completion.truncated,
-            as_text=text_output(spec.output_schema),
+            as_text=as_text,
         )
         failures: dict[str, Any] = {**split.values, **split.failures}
     else:
