@@ -31,14 +31,14 @@ from typing import Any, Literal
 import anyio
 import httpx
 import openai
+from group_sizing import best_group_size
 from pydantic import BaseModel, TypeAdapter
 
 import coalesce
 from coalesce._demo import run_mode, run_plain, simulated_provider
-from coalesce._packing import openai_response_format, pack_request
-from coalesce._planner import best_group_size
+from coalesce._planning.tokens import count_tokens
 from coalesce._pricing import cost, price_for
-from coalesce._tokens import count_tokens
+from coalesce._wire.packing import openai_response_format, pack_request
 
 MODEL = "gpt-4o-mini"
 BUDGET = 2.0

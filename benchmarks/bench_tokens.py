@@ -17,7 +17,12 @@ from collections.abc import Callable
 with contextlib.redirect_stdout(io.StringIO()):
     import this
 
-from coalesce._tokens import CharacterEstimator, count_json_tokens, count_tokens, estimator_for
+from coalesce._planning.tokens import (
+    CharacterEstimator,
+    count_json_tokens,
+    count_tokens,
+    estimator_for,
+)
 
 N = 20_000
 

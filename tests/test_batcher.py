@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import anyio
 import pytest
 
 import coalesce
+from coalesce._policy import Due
 from coalesce import (
     Batcher,
     BatcherClosedError,
@@ -432,26 +434,28 @@ def test_configuration_error_is_a_value_error() -> None:
         coalesce.batch(max_items=0)
 
 
-class EarlyBatcher(Batcher[Any, Any]):
+class EarlyPolicy:
     """A planner in miniature: a second item brings the window's deadline forward,
     and an item named "huge" goes alone at once."""
 
-    _plans = True
-
-    def _plan_before(self, window: Any, item: Any, now: float) -> Any:
+    def before_add(self, members: Sequence[Any], item: Any, now: float) -> Any:
         return coalesce.DispatchReason.SOLO if item == "huge" else None
 
-    def _plan_after(self, window: Any, now: float) -> Any:
-        if len(window.items) == 2:
-            window.due_at = window.opened_at + 0.1
-            window.due_reason = coalesce.DispatchReason.DEADLINE
-            self._reschedule(window.due_at)
+    def after_add(self, members: Sequence[Any], now: float) -> Due | None:
+        if len(members) == 2:
+            return Due(now + 0.05, coalesce.DispatchReason.DEADLINE)
         return None
 
 
-async def test_planning_hooks_bring_the_timer_forward_and_send_solo_items() -> None:
+async def test_a_policy_brings_the_timer_forward_and_sends_solo_items() -> None:
     recorder = Recorder()
-    batcher = EarlyBatcher(recorder, max_wait=1.0)
+    dispatched: list[tuple[str, int]] = []
+    batcher = Batcher(
+        recorder,
+        max_wait=1.0,
+        policy=EarlyPolicy(),
+        on_dispatch=lambda reason, items: dispatched.append((str(reason), len(items))),
+    )
     start = anyio.current_time()
     async with anyio.create_task_group() as tg:
         tg.start_soon(batcher, "a")
@@ -462,3 +466,36 @@ async def test_planning_hooks_bring_the_timer_forward_and_send_solo_items() -> N
     assert batches == {("huge",): start + 0.05, ("a", "b"): pytest.approx(start + 0.1)}
     reasons = batcher.statistics().batches_by_reason
     assert (reasons["solo"], reasons["deadline"], reasons["window"]) == (1, 1, 0)
+    assert dispatched == [("solo", 1), ("deadline", 2)]
+
+
+async def test_resolve_early_answers_a_caller_before_the_batch_returns() -> None:
+    answered: list[tuple[str, float]] = []
+    release = anyio.Event()
+
+    async def fn(items: list[str], resolve: Any) -> None:
+        resolve(items.index("a"), "early a")
+        await release.wait()
+        resolve(items.index("b"), ValueError("b"))  # a caller's own exception
+        # "c" is left without a result: its caller must not wait forever
+
+    batcher: Batcher[str, str] = Batcher(fn, max_wait=0.01, resolve_early=True, name="fn")
+
+    async def call(item: str) -> None:
+        try:
+            answered.append((await batcher(item), anyio.current_time()))
+        except Exception as exc:
+            answered.append((f"{type(exc).__name__}: {exc}", anyio.current_time()))
+
+    start = anyio.current_time()
+    async with anyio.create_task_group() as tg:
+        for item in ("a", "b", "c"):
+            tg.start_soon(call, item)
+        await anyio.sleep(1.0)
+        assert answered == [("early a", pytest.approx(start + 0.01))]
+        release.set()
+    assert sorted(text.split(" for item")[0] for text, _ in answered) == [
+        "BatchError: fn returned without a result",
+        "ValueError: b",
+        "early a",
+    ]

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coalesce._jsonstream import (
+from coalesce._wire.jsonstream import (
     Failed,
     Ignored,
     IgnoreReason,
@@ -19,8 +19,8 @@ from coalesce._jsonstream import (
     StreamEvent,
     StreamSplitter,
 )
-from coalesce._outcomes import FailureKind
-from coalesce._packing import split_reply
+from coalesce._wire.outcomes import FailureKind
+from coalesce._wire.packing import split_reply
 from test_packing import Case, cases, expected, fingerprint, oracle_all_occurrences, validate
 
 

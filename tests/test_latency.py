@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coalesce._exceptions import ConfigurationError
-from coalesce._latency import LatencyModel, LatencyParameters, LatencyPrior, Prediction
+from coalesce._planning.latency import LatencyModel, LatencyParameters, LatencyPrior, Prediction
 
 
 @dataclass

@@ -18,8 +18,8 @@ from coalesce._exceptions import (
     MissingOutputError,
     TruncatedOutputError,
 )
-from coalesce._outcomes import FailureKind, ItemFailure, Split, failure_error, plan_reask
-from coalesce._packing import (
+from coalesce._wire.outcomes import FailureKind, ItemFailure, Split, failure_error
+from coalesce._wire.packing import (
     anthropic_tool,
     build_reply_schema,
     format_instructions,
@@ -454,18 +454,6 @@ def test_split_rejects_duplicate_requested_ids() -> None:
 
 
 # --- re-ask plan and errors ------------------------------------------------------------
-
-
-def test_plan_reask() -> None:
-    split = split_reply('{"results": [{"id": "2", "output": "x"}]}', IDS, as_int)
-    split = Split(("0", *split.ids), {"0": 0, **split.values}, split.failures)
-    plan = plan_reask(split, {"1": 1, "2": 3}, max_attempts=3)
-    assert plan.reask == ("1", "3")
-    assert plan.give_up == ("2",)
-    only_missing = plan_reask(split, {}, 3, retry_kinds={FailureKind.MISSING})
-    assert only_missing == (("1", "3"), ("2",))
-    with pytest.raises(ConfigurationError):
-        plan_reask(split, {}, 0)
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ import pydantic
 import pytest
 
 from coalesce._exceptions import ConfigurationError
-from coalesce._outcomes import FailureKind
-from coalesce._plain import PLAIN_ID, answers_alone, plain_request, split_plain, text_output
+from coalesce._wire.outcomes import FailureKind
+from coalesce._wire.plain import PLAIN_ID, has_plain_form, plain_request, split_plain, text_output
 
 
 class Verdict(pydantic.BaseModel):
@@ -33,7 +33,7 @@ class Verdict(pydantic.BaseModel):
     ],
 )
 def test_only_object_and_text_outputs_are_asked_alone(schema: dict[str, Any], alone: bool) -> None:
-    assert answers_alone(schema) is alone
+    assert has_plain_form(schema) is alone
 
 
 def test_plain_request_is_what_a_plain_call_sends() -> None:

@@ -12,8 +12,9 @@ import pytest
 from pydantic import BaseModel
 
 import coalesce
-from coalesce._group import Planning
-from coalesce._planner import PlanLimits
+from coalesce._planning.state import Planning
+from coalesce._planning.tokens import estimator_for
+from coalesce._planning.planner import PlanLimits
 from coalesce.providers import CallableProvider, Completion, CompletionRequest, Usage
 from coalesce.testing import LatencyModel, LatencyProfile, SimulatedProvider
 
@@ -138,14 +139,17 @@ async def test_when_requests_per_minute_bind_groups_grow_within_budget() -> None
 
 
 def test_a_reask_is_refused_when_tokens_bind_and_it_cannot_be_on_time() -> None:
-    from coalesce._planner import PlanItem
+    from coalesce._planning.planner import PlanItem
 
-    planning = Planning("gpt-4", PlanLimits(max_items=8, shared_tokens=300), 20, None)
+    planning = Planning(
+        PlanLimits(max_items=8, shared_tokens=300), 20, None, estimator_for("gpt-4")
+    )
     item = PlanItem(input_tokens=30, output_tokens=20, deadline=10.0, arrival=0.0)
     assert planning.may_reask([item], deadline=10.0, now=0.0)  # no quota known yet
     for n in range(5):  # a pace that spends the token quota before it resets
-        planning._sent.append((n * 0.1, 5000))
-    planning.heard(
+        reply = Completion("{}", "stop", usage=Usage(4000, 1000), seconds=1.0)
+        planning.learn(reply, 1, None, now=n * 0.1)
+    planning.read_quota(
         {"x-ratelimit-remaining-tokens": "100", "x-ratelimit-reset-tokens": "30s"}, now=0.5
     )
     assert not planning.may_reask([item], deadline=10.0, now=0.5)
@@ -199,7 +203,7 @@ async def test_a_provider_that_cannot_stream_is_planned_as_whole_replies() -> No
     async def tag(ticket: str) -> Tag:
         """Tag the support ticket."""
 
-    planning = tag._spec.planner
+    planning = tag._engine.planning
     assert planning is not None
     assert planning.limits.streaming
     assert (await tag("first")).label == "bug"
@@ -212,7 +216,9 @@ async def test_a_provider_that_cannot_stream_is_planned_as_whole_replies() -> No
 def test_a_plain_call_teaches_the_output_size_without_a_frame() -> None:
     # Regression: a plain call's output was learned minus the packed answer's key, so
     # sizes learned from lone calls were short and groups planned from them ran late.
-    planning = Planning("gpt-4", PlanLimits(per_item_output_overhead_tokens=4), 20, None)
+    planning = Planning(
+        PlanLimits(per_item_output_overhead_tokens=4), 20, None, estimator_for("gpt-4")
+    )
     for n in range(10):  # the estimate follows once it has 10 observations
         alone = Completion("{}", "stop", usage=Usage(100, 30), seconds=1.0)
         planning.learn(alone, 1, "alone", float(n), packed=False)

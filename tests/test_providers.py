@@ -6,6 +6,7 @@ HTTP at the end, on the real clock.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import subprocess
@@ -22,7 +23,7 @@ import pytest
 from pydantic import TypeAdapter
 
 import coalesce.providers
-from coalesce._packing import PackedRequest, pack_request, split_reply
+from coalesce._wire.packing import PackedRequest, pack_request, split_reply
 from coalesce.providers import (
     AnthropicProvider,
     CallableProvider,
@@ -316,6 +317,7 @@ def _sdk_status_error(module: Any, status: int, headers: dict[str, str] | None =
 
 ADVICE = [
     (429, {"retry-after": "3"}, RetryAdvice(True, 3.0)),
+    (429, {"Retry-After": "3", "X-RateLimit-Remaining-Requests": "0"}, RetryAdvice(True, 3.0)),
     (429, {"retry-after-ms": "1500", "retry-after": "2"}, RetryAdvice(True, 1.5)),
     (429, {}, RetryAdvice(True, None)),
     (500, {}, RetryAdvice(True)),
@@ -339,7 +341,12 @@ def test_sdk_status_advice(
 ) -> None:
     error = _sdk_status_error(module, status, headers)
     assert isinstance(error, module.APIStatusError)
-    assert _sdk_provider(module).advise(error) == advice
+    assert _sdk_provider(module).advise(error) == _with_headers(advice, headers)
+
+
+def _with_headers(advice: RetryAdvice, headers: dict[str, str]) -> RetryAdvice:
+    """``advice`` carrying the error response's headers, as every provider reports them."""
+    return dataclasses.replace(advice, headers={k.lower(): v for k, v in headers.items()})
 
 
 @pytest.mark.parametrize("module", [openai, anthropic], ids=["openai", "anthropic"])
@@ -361,7 +368,7 @@ def test_compatible_status_advice(
     request = httpx.Request("POST", "http://local/v1/chat/completions")
     response = httpx.Response(status, headers=headers, request=request)
     error = httpx.HTTPStatusError("x", request=request, response=response)
-    assert OpenAICompatibleProvider("http://local").advise(error) == advice
+    assert OpenAICompatibleProvider("http://local").advise(error) == _with_headers(advice, headers)
 
 
 def test_compatible_transport_advice() -> None:
@@ -397,7 +404,8 @@ def test_retry_after(headers: dict[str, str], seconds: float | None) -> None:
 
 
 def test_status_advice_ignores_retry_after_on_final_errors() -> None:
-    assert status_advice(400, {"retry-after": "3"}) == RetryAdvice(False, None)
+    advice = status_advice(400, {"Retry-After": "3"})
+    assert advice == RetryAdvice(False, None, headers={"retry-after": "3"})
 
 
 @pytest.mark.parametrize(

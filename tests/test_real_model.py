@@ -21,8 +21,8 @@ import pytest
 from pydantic import BaseModel, TypeAdapter
 
 import _llama
-from coalesce._outcomes import FailureKind, Split
-from coalesce._packing import PackedRequest, openai_response_format, pack_request, split_reply
+from coalesce._wire.outcomes import FailureKind, Split
+from coalesce._wire.packing import PackedRequest, openai_response_format, pack_request, split_reply
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 

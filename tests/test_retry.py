@@ -17,8 +17,8 @@ import openai
 import pytest
 
 from coalesce import ConfigurationError
+from coalesce._report import Retry
 from coalesce._retry import (
-    RetryEvent,
     backoff_delay,
     complete_with_retries,
     next_wait,
@@ -125,7 +125,7 @@ async def test_fault_is_retried(
     sim: SimulatedProvider, provider: Any, fault: str, status: int, stream: bool
 ) -> None:
     sim.inject(fault)
-    events: list[RetryEvent] = []
+    events: list[Retry] = []
     request = CompletionRequest(model="m", system="Answer.", user="hello", stream=stream)
     start = anyio.current_time()
     completion = await complete_with_retries(
@@ -137,10 +137,10 @@ async def test_fault_is_retried(
     (event,) = events
     assert event.attempt == 1
     if fault == "rate_limit":
-        assert event.wait == 1.0  # retry-after-ms from the 429
+        assert event.delay == 1.0  # retry-after-ms from the 429
         assert anyio.current_time() - start > 1.0
     else:
-        assert 0.25 <= event.wait <= 0.5  # first backoff step
+        assert 0.25 <= event.delay <= 0.5  # first backoff step
     if fault != "disconnect":
         assert _status(event.error) == status
 
@@ -148,7 +148,7 @@ async def test_fault_is_retried(
 async def test_bad_request_is_not_retried(sim: SimulatedProvider, provider: Any) -> None:
     kind = _kind(provider)
     request = CompletionRequest(model="m", system="s", user="u", max_output_tokens=0)
-    events: list[RetryEvent] = []
+    events: list[Retry] = []
     with pytest.raises(STATUS_ERRORS[kind]) as caught:
         await complete_with_retries(provider, request, on_retry=events.append)
     assert _status(caught.value) == 400
@@ -157,7 +157,7 @@ async def test_bad_request_is_not_retried(sim: SimulatedProvider, provider: Any)
 
 async def test_attempts_are_bounded(sim: SimulatedProvider, provider: Any) -> None:
     sim.inject(*["server_error"] * 5)
-    events: list[RetryEvent] = []
+    events: list[Retry] = []
     with pytest.raises(Exception) as caught:  # noqa: PT011 - each provider's own type
         await complete_with_retries(provider, REQUEST, max_attempts=3, on_retry=events.append)
     assert _status(caught.value) == 500
@@ -198,7 +198,7 @@ async def test_deadline_does_not_cut_a_running_attempt() -> None:
 async def test_hang_is_cut_by_attempt_timeout_and_retried() -> None:
     sim = SimulatedProvider(faults=FaultPlan(script=["hang"], hang_seconds=100))
     provider = OpenAIProvider(sim.openai_client())
-    events: list[RetryEvent] = []
+    events: list[Retry] = []
     completion = await complete_with_retries(
         provider, REQUEST, attempt_timeout=10, on_retry=events.append
     )
@@ -313,7 +313,7 @@ class TestOverHTTP:
                 provider._client = provider._client.with_options(timeout=0.2)
             else:
                 provider = OpenAICompatibleProvider(url, timeout=0.2)
-            events: list[RetryEvent] = []
+            events: list[Retry] = []
             with anyio.fail_after(10):
                 completion = await complete_with_retries(
                     provider, REQUEST, on_retry=events.append, sleep=_no_sleep

@@ -11,11 +11,11 @@ import anyio
 import pytest
 from pydantic import BaseModel
 
-from coalesce._packing import anthropic_tool, pack_request, split_reply
+from coalesce._wire.packing import anthropic_tool, pack_request, split_reply
 from coalesce.testing import (
-    LatencyModel,
     LatencyProfile,
     RateLimit,
+    SimulatedLatency,
     SimulatedProvider,
     compute_delays,
     expected_output,
@@ -34,7 +34,7 @@ class Topic(BaseModel):
 
 @pytest.fixture
 def sim() -> SimulatedProvider:
-    return SimulatedProvider(latency=LatencyModel(default=PROFILE))
+    return SimulatedProvider(latency=SimulatedLatency(default=PROFILE))
 
 
 @pytest.fixture

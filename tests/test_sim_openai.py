@@ -16,13 +16,13 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from coalesce._packing import openai_response_format, pack_request, split_reply
+from coalesce._wire.packing import openai_response_format, pack_request, split_reply
 from coalesce.testing import (
     FaultPlan,
-    LatencyModel,
     LatencyProfile,
     LongTail,
     RateLimit,
+    SimulatedLatency,
     SimulatedProvider,
     compute_delays,
     expected_output,
@@ -67,7 +67,7 @@ async def _complete(client: openai.AsyncOpenAI, *, stream: bool) -> None:
 
 @pytest.fixture
 def sim() -> SimulatedProvider:
-    return SimulatedProvider(latency=LatencyModel(default=PROFILE))
+    return SimulatedProvider(latency=SimulatedLatency(default=PROFILE))
 
 
 @pytest.fixture
@@ -411,7 +411,7 @@ async def test_token_rate_limit() -> None:
 async def test_time_scale_and_jitter_are_deterministic() -> None:
     async def timings(seed: int) -> list[float]:
         sim = SimulatedProvider(
-            latency=LatencyModel(default=PROFILE, jitter=0.5), time_scale=0.1, seed=seed
+            latency=SimulatedLatency(default=PROFILE, jitter=0.5), time_scale=0.1, seed=seed
         )
         out = []
         async with sim.openai_client(max_retries=0) as client:
@@ -430,7 +430,7 @@ async def test_time_scale_and_jitter_are_deterministic() -> None:
 
 
 async def test_per_model_latency(sim: SimulatedProvider) -> None:
-    sim.latency = LatencyModel(default=PROFILE, models={"slow": LatencyProfile(ttft=10)})
+    sim.latency = SimulatedLatency(default=PROFILE, models={"slow": LatencyProfile(ttft=10)})
     async with sim.openai_client(max_retries=0) as client:
         start = anyio.current_time()
         await client.chat.completions.create(

@@ -16,8 +16,8 @@ import openai
 import pytest
 
 from coalesce.testing import (
-    LatencyModel,
     LatencyProfile,
+    SimulatedLatency,
     SimulatedProvider,
     compute_delays,
     expected_output,
@@ -41,7 +41,7 @@ SDK_STREAMS = pytest.mark.filterwarnings(
 @pytest.fixture
 def sim() -> SimulatedProvider:
     return SimulatedProvider(
-        latency=LatencyModel(default=PROFILE), time_scale=1.0, output_tokens=100
+        latency=SimulatedLatency(default=PROFILE), time_scale=1.0, output_tokens=100
     )
 
 

@@ -10,22 +10,32 @@ import pytest
 
 import coalesce.testing
 from coalesce._exceptions import ConfigurationError
-from coalesce._packing import build_reply_schema
+from coalesce._wire.packing import build_reply_schema
 from coalesce.testing import (
     BatchTiming,
     Fault,
     FaultPlan,
-    LatencyModel,
     LatencyProfile,
     RateLimit,
     RateLimits,
+    SimulatedLatency,
     SimulatedProvider,
     compute_delays,
 )
+from coalesce.testing._anthropic import ANTHROPIC
 from coalesce.testing._batches import anthropic_status, lines_done, make_timeline, openai_status
 from coalesce.testing._engine import Prompt, compose, count_text, cut_to_tokens, split_pieces
-from coalesce.testing._faults import FaultSource, choose_fault, damage_results, damage_text
+from coalesce.testing._faults import (
+    FAULT_STATUS,
+    HTTP_FAULTS,
+    FaultSource,
+    choose_fault,
+    damage_results,
+    damage_text,
+)
+from coalesce.testing._flavour import fault_error
 from coalesce.testing._latency import pace
+from coalesce.testing._openai import OPENAI
 from coalesce.testing._ratelimit import (
     Bucket,
     RateLimiter,
@@ -73,7 +83,7 @@ def test_compute_delays() -> None:
 
 def test_profiles_by_model_name() -> None:
     fast, slow = LatencyProfile(ttft=0.1), LatencyProfile(ttft=2.0)
-    model = LatencyModel(
+    model = SimulatedLatency(
         default=slow, models={"gpt-4o": fast, "gpt-4o-mini": LatencyProfile(ttft=0.2)}
     )
     assert model.profile_for("gpt-4o") is fast
@@ -88,7 +98,11 @@ def test_latency_validation() -> None:
     with pytest.raises(ConfigurationError, match="ttft"):
         LatencyProfile(ttft=-1)
     with pytest.raises(ConfigurationError, match="jitter"):
-        LatencyModel(jitter=1.5)
+        SimulatedLatency(jitter=1.5)
+
+
+def test_latency_model_is_the_former_name_of_simulated_latency() -> None:
+    assert coalesce.testing.LatencyModel is SimulatedLatency
 
 
 def test_pace() -> None:
@@ -185,6 +199,30 @@ def test_fault_source_script_then_draws() -> None:
     source.inject("missing_item")
     assert source.pending == 1
     assert source.next() == {Fault.MISSING_ITEM}
+
+
+def test_fault_errors_per_flavour() -> None:
+    assert fault_error(OPENAI, Fault.RATE_LIMIT) == (
+        429,
+        {
+            "error": {
+                "message": "simulated fault: rate_limit",
+                "type": "rate_limit_error",
+                "param": None,
+                "code": "rate_limit_exceeded",
+            }
+        },
+    )
+    assert fault_error(ANTHROPIC, Fault.UNAVAILABLE) == (
+        503,
+        {
+            "type": "error",
+            "error": {"type": "overloaded_error", "message": "simulated fault: unavailable"},
+        },
+    )
+    # A batch line that hangs or drops has no status of its own: it fails with 500.
+    assert fault_error(OPENAI, Fault.HANG)[0] == 500
+    assert set(FAULT_STATUS) == HTTP_FAULTS
 
 
 def test_fault_plan_validation() -> None:

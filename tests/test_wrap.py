@@ -15,8 +15,9 @@ from anthropic.types import Message
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 import coalesce
+from coalesce._listeners import apportion, split_usage
 from coalesce._wrap import wrap
-from coalesce._wrap_plan import anthropic_plan, apportion, openai_plan, overrides, split_usage
+from coalesce._wrap.plan import anthropic_plan, coalesce_headers, openai_plan
 from coalesce.testing import FaultPlan, SimulatedProvider
 
 TEXT = {"type": "string"}
@@ -186,14 +187,16 @@ def test_anthropic_passthrough(extra: dict[str, Any]) -> None:
     assert anthropic_plan({**msg("x"), **extra}) is None
 
 
-def test_overrides_strip_coalesce_headers() -> None:
+def test_coalesce_headers_strip_coalesce_headers() -> None:
     kwargs = {"model": "m", "extra_headers": {"X-Coalesce-Budget": "0.5", "x-other": "1"}}
-    cleaned, switch, budget = overrides(kwargs)
+    cleaned, switch, budget = coalesce_headers(kwargs)
     assert cleaned == {"model": "m", "extra_headers": {"x-other": "1"}}
     assert (switch, budget) == (None, 0.5)
-    cleaned, switch, budget = overrides({"model": "m", "extra_headers": {"x-coalesce": "OFF"}})
+    cleaned, switch, budget = coalesce_headers(
+        {"model": "m", "extra_headers": {"x-coalesce": "OFF"}}
+    )
     assert (cleaned, switch, budget) == ({"model": "m"}, "off", None)
-    assert overrides({"model": "m"}) == ({"model": "m"}, None, None)
+    assert coalesce_headers({"model": "m"}) == ({"model": "m"}, None, None)
 
 
 def test_apportion_sums_exactly() -> None:

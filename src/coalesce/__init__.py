@@ -9,6 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from ._batch import BatchMethod, batch
 from ._batcher import Batcher
+from ._engine import latency_budget
 from ._exceptions import (
     BatcherClosedError,
     BatchError,
@@ -22,10 +23,11 @@ from ._exceptions import (
     ResultCountError,
     TruncatedOutputError,
 )
-from ._latency import LatencyPrior
+from ._planning.latency import LatencyPrior
+from ._planning.tokens import CharacterEstimator, TiktokenEstimator, TokenEstimator
 from ._policy import DispatchReason
 from ._pricing import DEFAULT_PRICES, Price, price_for
-from ._prompt import PromptFunction, latency_budget, prompt
+from ._prompt import PromptFunction, prompt
 from ._prompt_stats import (
     CallEvent,
     DispatchEvent,
@@ -37,7 +39,6 @@ from ._prompt_stats import (
     UnmeetableEvent,
 )
 from ._stats import BatcherStatistics
-from ._tokens import CharacterEstimator, TiktokenEstimator, TokenEstimator
 from ._wrap import CoalescedClient, wrap
 
 try:

@@ -6,6 +6,11 @@ has waited ``max_wait`` (decisions in :mod:`coalesce._policy`). A batch runs in 
 background task of the event loop, never in a caller's task, so a caller that is
 cancelled never disturbs the others, and the batch function's results are handed
 back by position, each to its own caller.
+
+Two seams, no subclassing: a :class:`~coalesce._policy.DispatchPolicy` decides, besides
+the batcher's own limits, when a window goes (the latency-budget planner is one), and
+a batch function built with ``resolve_early=True`` may hand each caller its result
+before the whole batch returns (the streaming split does).
 """
 
 from __future__ import annotations
@@ -25,7 +30,15 @@ from ._exceptions import (
     QueueFull,
     ResultCountError,
 )
-from ._policy import DispatchReason, Limits, after_add, before_add, validate_size
+from ._policy import (
+    DispatchPolicy,
+    DispatchReason,
+    Due,
+    Limits,
+    after_add,
+    before_add,
+    validate_size,
+)
 from ._runtime import Runtime, current_runtime, running_owner
 from ._stats import BatcherStatistics, WaitRecorder
 from ._validate import check_callable, check_int, check_seconds
@@ -36,6 +49,10 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 BatchFunction = Callable[[list[T]], Awaitable[Sequence[R]]]
+#: Hands the caller at an index its result (or exception) before the batch returns.
+Resolve = Callable[[int, Any], None]
+EarlyBatchFunction = Callable[[list[T], Resolve], Awaitable[Sequence[R] | None]]
+OnDispatch = Callable[[DispatchReason, Sequence[T]], None]
 
 #: Defaults: a 10 ms window (a small, bounded wait) and at most 64 items per batch.
 DEFAULT_MAX_WAIT = 0.01
@@ -88,6 +105,13 @@ class Batcher(Generic[T, R]):
         max_size: Most total weight per batch. An item heavier than this is
             dispatched alone, never dropped.
         name: Used in messages and ``repr`` (default: the function's name).
+        policy: Consulted before and after each item joins a window, besides the
+            limits above (see :class:`~coalesce._policy.DispatchPolicy`).
+        on_dispatch: Called with the reason and the items of each window dispatched.
+        resolve_early: ``fn`` is called as ``fn(items, resolve)`` and may resolve a
+            caller at once with ``resolve(index, result_or_exception)``; what it returns
+            (a list as above, or ``None``) resolves the callers still waiting, and a
+            caller left without a result gets a :class:`~coalesce.BatchError`.
 
     Raises:
         ConfigurationError: If an option is out of range.
@@ -95,7 +119,7 @@ class Batcher(Generic[T, R]):
 
     def __init__(
         self,
-        fn: BatchFunction[T, R],
+        fn: BatchFunction[T, R] | EarlyBatchFunction[T, R],
         *,
         max_wait: float = DEFAULT_MAX_WAIT,
         max_items: int = DEFAULT_MAX_ITEMS,
@@ -105,15 +129,12 @@ class Batcher(Generic[T, R]):
         size: Callable[[T], float] | None = None,
         max_size: float | None = None,
         name: str | None = None,
+        policy: DispatchPolicy[T] | None = None,
+        on_dispatch: OnDispatch[T] | None = None,
+        resolve_early: bool = False,
     ) -> None:
-        if not callable(fn):
-            raise ConfigurationError(f"the batch function must be callable, got {fn!r}")
-        if (size is None) != (max_size is None):
-            raise ConfigurationError(
-                "size and max_size go together: give both (an item's weight and the most"
-                f" per batch) or neither; got size={size!r}, max_size={max_size!r}"
-            )
-        self._fn = fn
+        _check_function(fn, size, max_size)
+        self._fn: Any = fn
         self._name = name or getattr(fn, "__qualname__", None) or repr(fn)
         self._limits = Limits(
             max_items=check_int("max_items", max_items) or 1,
@@ -127,12 +148,18 @@ class Batcher(Generic[T, R]):
         self._max_pending = check_int("max_pending", max_pending, optional=True)
         self._partition = check_callable("partition", partition)
         self._size = check_callable("size", size)
+        self._policy = policy
+        self._on_dispatch = check_callable("on_dispatch", on_dispatch)
+        self._resolve_early = bool(resolve_early)
+        self._init_state(lean=size is None and max_pending is None and policy is None)
+        functools.update_wrapper(self, fn, updated=())
 
+    def _init_state(self, *, lean: bool) -> None:
         self._rt: Runtime | None = None
         self._loop: Any = None  # the bound asyncio loop, for the hot path's check
         self._clock: Callable[[], float] = _no_clock
         self._new_waiter: Callable[[], Any] = _no_clock
-        self._lean = size is None and max_pending is None and not self._plans
+        self._lean = lean
         self._windows: dict[Hashable, _Window] = {}
         self._ready: deque[_Window] = deque()
         self._in_flight = 0
@@ -153,7 +180,6 @@ class Batcher(Generic[T, R]):
         self._items_dispatched = 0
         self._max_batch = 0
         self._waits = WaitRecorder()
-        functools.update_wrapper(self, fn, updated=())
 
     # -- the caller's side ---------------------------------------------------
 
@@ -245,10 +271,11 @@ class Batcher(Generic[T, R]):
                 if reason is not None:
                     self._dispatch(window, reason)
                     window = None
-        if self._plans:
-            reason = self._plan_before(window, item, now)
+        if self._policy is not None:
+            members = window.items if window is not None else []
+            reason = self._policy.before_add(members, item, now)
             if reason is DispatchReason.SOLO:
-                return self._send_alone(item, now)
+                return self._dispatch_solo(item, now)
             if reason is not None and window is not None:
                 self._dispatch(window, reason)
                 window = None
@@ -269,31 +296,25 @@ class Batcher(Generic[T, R]):
             reason = DispatchReason.FULL
         else:
             reason = None
-        if reason is None and self._plans:
-            reason = self._plan_after(window, now)
+        if reason is None and self._policy is not None:
+            due = self._policy.after_add(window.items, now)
+            reason = None if due is None else self._apply(due, window, now)
         if reason is not None:
             self._dispatch(window, reason)
         return waiter
 
-    # -- planning hooks (used by subclasses that size groups against budgets) -----
-
-    #: Whether the hooks below are consulted (keeps the plain path lean).
-    _plans = False
-
-    def _plan_before(self, window: _Window | None, item: T, now: float) -> DispatchReason | None:
-        """Before ``item`` joins ``window`` (``None``: it opens one): dispatch the window
-        first? ``SOLO``: the item goes alone, at once."""
+    def _apply(self, due: Due, window: _Window, now: float) -> DispatchReason | None:
+        """Take the policy's due time: the reason to dispatch now, or wake the timer by then."""
+        window.due_at, window.due_reason = due.at, due.reason
+        if due.at <= now:
+            return due.reason
+        self._reschedule(due.at)
         return None
 
-    def _plan_after(self, window: _Window, now: float) -> DispatchReason | None:
-        """After an item joined: dispatch now? May also bring ``window.due_at`` forward
-        (then call :meth:`_reschedule`)."""
-        return None
-
-    def _send_alone(self, item: T, now: float) -> Any:
+    def _dispatch_solo(self, item: T, now: float) -> Any:
         rt = self._rt
         assert rt is not None
-        window = _Window(_ALONE, now, now)
+        window = _Window(_SOLO, now, now)
         waiter = rt.new_waiter()
         window.items.append(item)
         window.waiters.append(waiter)
@@ -372,6 +393,8 @@ class Batcher(Generic[T, R]):
             self._ready.append(window)
         else:
             self._start(window)
+        if self._on_dispatch is not None:
+            self._on_dispatch(reason, window.items)
 
     def _start(self, window: _Window) -> None:
         rt = self._rt
@@ -401,14 +424,18 @@ class Batcher(Generic[T, R]):
                 self._fail_all(window, BatchError(f"{self._name}: the batch was aborted"), exc)
                 raise
             else:
-                self._deliver(window, results)
+                if results is not None or not self._resolve_early:
+                    self._deliver(window, results)
+                self._fail_unresolved(window)
         finally:
             self._in_flight -= 1
             self._after_batch()
 
     async def _invoke(self, window: _Window) -> Any:
-        """Call the batch function for one window (subclasses may pass more)."""
-        return await self._fn(window.items)
+        """Call the batch function for one window."""
+        if not self._resolve_early:
+            return await self._fn(window.items)
+        return await self._fn(window.items, functools.partial(self._deliver_one, window))
 
     def _deliver_one(self, window: _Window, index: int, result: Any) -> None:
         """Resolve one caller of a running batch now, before the batch returns.
@@ -442,6 +469,16 @@ class Batcher(Generic[T, R]):
         completed, failed = rt.deliver(window.waiters, results)
         self._completed += completed
         self._failed += failed
+
+    def _fail_unresolved(self, window: _Window) -> None:
+        """With ``resolve_early``, no caller may be left waiting when the batch returns."""
+        if not self._resolve_early:
+            return
+        rt = self._rt
+        assert rt is not None
+        for index, waiter in enumerate(window.waiters):
+            error = BatchError(f"{self._name} returned without a result for item {index}")
+            self._failed += rt.fail(waiter, error)
 
     def _fail_all(
         self, window: _Window, error: BaseException, cause: BaseException | None = None
@@ -489,7 +526,7 @@ class Batcher(Generic[T, R]):
             self._timer_scope = None
 
     def _next_due(self) -> _Window:
-        if self._plans:
+        if self._policy is not None:
             return min(self._windows.values(), key=_due_at)
         return next(iter(self._windows.values()))
 
@@ -557,7 +594,17 @@ class Batcher(Generic[T, R]):
         )
 
 
-_ALONE = object()  # the key of a one-item window that never joins the open windows
+_SOLO = object()  # the key of a one-item window that never joins the open windows
+
+
+def _check_function(fn: Any, size: Any, max_size: Any) -> None:
+    if not callable(fn):
+        raise ConfigurationError(f"the batch function must be callable, got {fn!r}")
+    if (size is None) != (max_size is None):
+        raise ConfigurationError(
+            "size and max_size go together: give both (an item's weight and the most"
+            f" per batch) or neither; got size={size!r}, max_size={max_size!r}"
+        )
 
 
 def _due_at(window: _Window) -> float:

@@ -20,9 +20,8 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
-from collections.abc import Callable, Coroutine, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 import anyio
@@ -153,7 +152,19 @@ async def at_arrivals(
             tg.start_soon(call, item)
 
 
-async def run_mode(
+@dataclass(frozen=True)
+class Run:
+    """What one mode's run measured, before pricing."""
+
+    latencies: list[float]
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    mean_group: float = 1.0
+    reasons: Mapping[str, int] = field(default_factory=dict)  # groups by flush reason
+
+
+async def run(
     client: Any,
     model: str,
     texts: Sequence[str],
@@ -162,54 +173,71 @@ async def run_mode(
     advance: Callable[[], None] = lambda: None,
     instructions: str = INSTRUCTIONS,
     output_type: Any = Ticket,
+    plain: bool = False,
     **options: Any,
-) -> tuple[list[float], Any, Any]:
-    """Send each text at its arrival time through one ``coalesce.prompt`` function.
+) -> Run:
+    """Send each text at its arrival time and time each call.
 
-    Returns:
-        Each call's latency, the function's ``statistics()`` and its batcher's.
+    With ``plain``, each text is its own request, without coalesce: what the application
+    does today (the SDK's ``parse`` with the output model). Otherwise every text goes
+    through one ``coalesce.prompt`` function made with ``options``.
     """
+    if plain:
+        ask, sent = _plain_ask(client, model, instructions, output_type)
+        latencies = await _timed(arrivals, texts, ask, advance)
+        return Run(latencies, requests=sent[0], prompt_tokens=sent[1], completion_tokens=sent[2])
+    answer = _prompt_function(client, model, instructions, output_type, options)
+    latencies = await _timed(arrivals, texts, answer, advance)
+    await answer.aclose()
+    stats, batches = answer.statistics(), answer.batcher_statistics()
+    return Run(
+        latencies,
+        requests=stats.requests,
+        prompt_tokens=stats.input_tokens,
+        completion_tokens=stats.output_tokens,
+        mean_group=batches.mean_batch_size,
+        reasons={reason: n for reason, n in batches.batches_by_reason.items() if n},
+    )
+
+
+async def _timed(
+    arrivals: Sequence[float],
+    texts: Sequence[str],
+    call: Callable[[str], Awaitable[object]],
+    advance: Callable[[], None],
+) -> list[float]:
+    """Each call's latency, in the order the calls finished."""
+    latencies: list[float] = []
+
+    async def one(text: str) -> None:
+        start = time.perf_counter()
+        await call(text)
+        latencies.append(time.perf_counter() - start)
+        advance()
+
+    await at_arrivals(arrivals, texts, one)
+    return latencies
+
+
+def _prompt_function(
+    client: Any, model: str, instructions: str, output_type: Any, options: Mapping[str, Any]
+) -> Any:
     import coalesce
 
     async def tag(ticket: str) -> Any:
         """(instructions= above)"""
 
     tag.__annotations__["return"] = output_type
-    answer = coalesce.prompt(client=client, model=model, instructions=instructions, **options)(tag)
-    latencies: list[float] = []
-
-    async def one(text: str) -> None:
-        start = time.perf_counter()
-        await answer(text)
-        latencies.append(time.perf_counter() - start)
-        advance()
-
-    await at_arrivals(arrivals, texts, one)
-    await answer.aclose()
-    return latencies, answer.statistics(), answer.batcher_statistics()
+    return coalesce.prompt(client=client, model=model, instructions=instructions, **options)(tag)
 
 
-async def run_plain(
-    client: Any,
-    model: str,
-    texts: Sequence[str],
-    arrivals: Sequence[float],
-    *,
-    advance: Callable[[], None] = lambda: None,
-    instructions: str = INSTRUCTIONS,
-    output_type: Any = Ticket,
-) -> tuple[list[float], tuple[int, int, int]]:
-    """Send each text at its arrival time as its own request, without coalesce: what
-    the application does today (the SDK's ``parse`` with the output model).
-
-    Returns:
-        Each call's latency, and the ``(requests, prompt, completion)`` token usage.
-    """
-    latencies: list[float] = []
+def _plain_ask(
+    client: Any, model: str, instructions: str, output_type: Any
+) -> tuple[Callable[[str], Awaitable[None]], list[int]]:
+    """One SDK request per text, and its running ``[requests, prompt, completion]`` usage."""
     usage = [0, 0, 0]
 
-    async def one(text: str) -> None:
-        start = time.perf_counter()
+    async def ask(text: str) -> None:
         reply = await client.chat.completions.parse(
             model=model,
             messages=[
@@ -218,19 +246,16 @@ async def run_plain(
             ],
             response_format=output_type,
         )
-        latencies.append(time.perf_counter() - start)
         usage[0] += 1
         if reply.usage is not None:
             usage[1] += reply.usage.prompt_tokens
             usage[2] += reply.usage.completion_tokens
-        advance()
 
-    await at_arrivals(arrivals, texts, one)
-    return latencies, (usage[0], usage[1], usage[2])
+    return ask, usage
 
 
 def modes(budget: float, max_wait: float) -> list[tuple[str, dict[str, Any]]]:
-    from ._latency import LatencyPrior
+    from ._planning.latency import LatencyPrior
 
     return [
         ("one call per item", {"plain": True}),
@@ -309,19 +334,13 @@ async def _demo(args: argparse.Namespace, url: str | None) -> list[Result]:
             else:
                 client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="sk-simulated")
             async with client:
-                if options.get("plain"):
-                    latencies, usage = await run_plain(
-                        client, args.model, texts, arrivals, advance=advance
-                    )
-                    mean_group = 1.0
-                else:
-                    latencies, stats, batches = await run_mode(
-                        client, args.model, texts, arrivals, advance=advance, **options
-                    )
-                    usage = (stats.requests, stats.input_tokens, stats.output_tokens)
-                    mean_group = batches.mean_batch_size
+                measured = await run(
+                    client, args.model, texts, arrivals, advance=advance, **options
+                )
+            usage = (measured.requests, measured.prompt_tokens, measured.completion_tokens)
             total = cost(usage[1], usage[2], price) if price else float("nan")
-            results.append(Result(name, latencies, args.budget, *usage, total, mean_group))
+            latencies, group = measured.latencies, measured.mean_group
+            results.append(Result(name, latencies, args.budget, *usage, total, group))
     return results
 
 
@@ -358,7 +377,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.items < 1 or args.rate <= 0 or args.budget <= 0 or args.max_wait < 0:
         parser.error("--items, --rate and --budget must be positive, --max-wait >= 0")
-    warnings.simplefilter("ignore", category=_coalesce_warning())  # offline token counts
     if args.live:
         if not os.environ.get("OPENAI_API_KEY"):
             parser.error("--live needs OPENAI_API_KEY in the environment")
@@ -369,12 +387,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             results = anyio.run(_demo, args, url)
     _report(args, results)
     return 0
-
-
-def _coalesce_warning() -> type[Warning]:
-    from ._exceptions import CoalesceWarning
-
-    return CoalesceWarning
 
 
 def _report(args: argparse.Namespace, results: Sequence[Result]) -> None:

@@ -3,15 +3,31 @@
 The batcher keeps one open *window* per partition key and asks these functions,
 with explicit state and ``now``, whether to dispatch it. Tests call them with
 hand-built numbers and no event loop.
+
+Beyond its own limits (items, weight, ``max_wait``), a batcher may be given a
+:class:`DispatchPolicy`: a small object it consults before and after each item joins
+a window (the latency-budget planner is one, :class:`~coalesce._planning.policy.BudgetPolicy`).
 """
 
 from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple, Protocol, TypeVar
 
-__all__ = ["DispatchReason", "Limits", "after_add", "before_add", "window_deadline"]
+__all__ = [
+    "DispatchPolicy",
+    "DispatchReason",
+    "Due",
+    "Limits",
+    "after_add",
+    "before_add",
+    "window_deadline",
+]
+
+T_contra = TypeVar("T_contra", contravariant=True)
 
 
 class DispatchReason(str, enum.Enum):
@@ -35,6 +51,41 @@ class DispatchReason(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+class Due(NamedTuple):
+    """When a window must be dispatched at the latest, and why then."""
+
+    at: float
+    """The latest dispatch time; may be in the past (dispatch at once)."""
+    reason: DispatchReason
+    """Why: ``WINDOW`` if ``max_wait`` comes first, else the policy's own reason."""
+
+
+class DispatchPolicy(Protocol[T_contra]):
+    """Decides, besides the batcher's own limits, when a window is dispatched.
+
+    Both methods are pure functions of the window's items and ``now`` (and of what
+    the policy knows); the batcher applies their answers. Tests build windows by hand.
+    """
+
+    def before_add(
+        self, members: Sequence[T_contra], item: T_contra, now: float
+    ) -> DispatchReason | None:
+        """Before ``item`` joins the window holding ``members`` (empty: it opens one).
+
+        Returns ``None`` to let it join, a reason to dispatch the window first, or
+        :attr:`DispatchReason.SOLO` to send ``item`` alone at once.
+        """
+        ...
+
+    def after_add(self, members: Sequence[T_contra], now: float) -> Due | None:
+        """After an item joined: when the window is due (at or before ``now``: at once).
+
+        The answer replaces the window's ``max_wait`` deadline (a policy may wait longer,
+        as the planner does while the request quota binds); ``None`` keeps it.
+        """
+        ...
 
 
 @dataclass(frozen=True)

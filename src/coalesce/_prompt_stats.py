@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from ._pricing import Price, cost, price_for
-from ._stats import QuantileWindow
+from ._quantile import WindowQuantile
 from .providers import Usage
 
 __all__ = [
@@ -262,14 +262,14 @@ class PromptRecorder:
         self.price = prices if isinstance(prices, Price) else price_for(model, prices)
         self._on_event = on_event
         self._otel = _Telemetry.create(function, model, meter_provider) if telemetry else None
-        self._latency = QuantileWindow(window)
-        self._wait = QuantileWindow(window)
-        self._ttft = QuantileWindow(window)
+        self._latency = WindowQuantile(window)
+        self._wait = WindowQuantile(window)
+        self._ttft = WindowQuantile(window)
         self._reasons: Counter[str] = Counter()
         self._calls = self._calls_failed = self._budgeted = self._within = self._misses = 0
         self._unmeetable = self._requests = self._requests_failed = self._items = 0
-        self._input = self._cached = self._output = self._input_solo = 0
-        self._cost = self._cost_solo = 0.0
+        self._input = self._cached = self._output = self._input_baseline = 0
+        self._cost = self._cost_baseline = 0.0
         self._retries = self._reasks = self._hook_errors = 0
 
     def call_finished(
@@ -347,14 +347,14 @@ class PromptRecorder:
         plain = (
             shared_input_tokens if plain_shared_input_tokens is None else plain_shared_input_tokens
         )
-        spent, solo = self._add_usage(
+        spent, baseline = self._add_usage(
             items, usage, (shared_input_tokens, plain, frame_tokens, answer_frame_tokens), reask
         )
         if self._otel is not None:
-            self._otel.request(items, usage, ttft, seconds, spent, solo, reask)
+            self._otel.request(items, usage, ttft, seconds, spent, baseline, reask)
         if self._on_event is not None:
             event = RequestEvent(
-                self.function, self.model, items, usage, ttft, seconds, spent, solo, reask
+                self.function, self.model, items, usage, ttft, seconds, spent, baseline, reask
             )
             self._emit(event)
 
@@ -388,7 +388,7 @@ class PromptRecorder:
             self._emit(RetryEvent(self.function, self.model, attempt, delay, error))
 
     def unmeetable(self, predicted: float, budget: float) -> None:
-        """Record a call whose budget is shorter than its predicted solo latency."""
+        """Record a call whose budget is shorter than the predicted latency of asking for it alone."""
         self._unmeetable += 1
         if self._otel is not None:
             self._otel.unmeetable()
@@ -402,7 +402,7 @@ class PromptRecorder:
         ttft = self._ttft.quantiles(0.5, 0.95)
         known = self.price is not None
         spent = self._cost if known else math.nan
-        solo = self._cost_solo if known else math.nan
+        baseline = self._cost_baseline if known else math.nan
         return PromptStatistics(
             calls=self._calls,
             calls_failed=self._calls_failed,
@@ -423,10 +423,10 @@ class PromptRecorder:
             input_tokens=self._input,
             cached_input_tokens=self._cached,
             output_tokens=self._output,
-            input_tokens_one_per_item=self._input_solo,
+            input_tokens_one_per_item=self._input_baseline,
             estimated_cost=spent,
-            estimated_cost_one_per_item=solo,
-            savings=1.0 - spent / solo if solo > 0 else math.nan,
+            estimated_cost_one_per_item=baseline,
+            savings=1.0 - spent / baseline if baseline > 0 else math.nan,
             dispatch_reasons=MappingProxyType(dict(self._reasons)),
             retries=self._retries,
             reasks=self._reasks,
@@ -449,22 +449,22 @@ class PromptRecorder:
         # A re-ask's items were counted when first asked: one request per item would
         # not have needed it, so it adds to the cost and not to the comparison.
         own_input = max(0, usage.input_tokens - shared - items * frame)
-        solo_input = 0 if reask else own_input + items * plain
-        solo_output = 0 if reask else max(0, usage.output_tokens - items * answer_frame)
+        baseline_input = 0 if reask else own_input + items * plain
+        baseline_output = 0 if reask else max(0, usage.output_tokens - items * answer_frame)
         self._input += usage.input_tokens
         self._cached += usage.cached_input_tokens
         self._output += usage.output_tokens
-        self._input_solo += solo_input
+        self._input_baseline += baseline_input
         if self.price is None:
             return math.nan, math.nan
         cached = usage.cached_input_tokens
         spent = cost(
             usage.input_tokens, usage.output_tokens, self.price, cached_input_tokens=cached
         )
-        solo = cost(solo_input, solo_output, self.price, cached_input_tokens=cached)
+        baseline = cost(baseline_input, baseline_output, self.price, cached_input_tokens=cached)
         self._cost += spent
-        self._cost_solo += solo
-        return spent, solo
+        self._cost_baseline += baseline
+        return spent, baseline
 
     def _emit(self, event: Event) -> None:
         assert self._on_event is not None
@@ -530,7 +530,7 @@ class _Telemetry:
         ttft: float | None,
         seconds: float | None,
         spent: float,
-        solo: float,
+        baseline: float,
         reask: bool,
     ) -> None:
         attrs = self._reask if reask else self._first
@@ -544,7 +544,7 @@ class _Telemetry:
             self._i["tokens"].add(usage.output_tokens, self._output)
         if not math.isnan(spent):
             self._i["cost"].add(spent, self._attrs)
-            self._i["cost.one_per_item"].add(solo, self._attrs)
+            self._i["cost.one_per_item"].add(baseline, self._attrs)
         if reask:
             self._i["reasks"].add(items, self._attrs)
 

@@ -1,12 +1,22 @@
-"""A sliding-window quantile: the last ``window`` values, kept sorted."""
+"""Quantiles over a sliding window: the one place coalesce computes them.
+
+Two readings of the same sorted window, each for its purpose: :meth:`WindowQuantile.quantile`
+is the nearest rank (an observed value, erring high: what a latency or size margin
+wants), :meth:`WindowQuantile.quantiles` interpolates linearly between ranks (what the
+statistics report, as numpy's default does). :func:`interpolated` is the latter over
+any sorted list.
+"""
 
 from __future__ import annotations
 
 import bisect
 import math
 from collections import deque
+from collections.abc import Iterable
 
-from coalesce._exceptions import ConfigurationError
+from ._exceptions import ConfigurationError
+
+__all__ = ["WindowQuantile", "interpolated"]
 
 
 class WindowQuantile:
@@ -41,6 +51,15 @@ class WindowQuantile:
         self._recent.append(value)
         bisect.insort(self._sorted, value)
 
+    def extend(self, values: Iterable[float]) -> None:
+        """Record each of ``values``."""
+        for value in values:
+            self.add(value)
+
+    def quantiles(self, *qs: float) -> tuple[float, ...]:
+        """The ``qs`` quantiles by linear interpolation (``nan`` if empty)."""
+        return tuple(interpolated(self._sorted, q) for q in qs)
+
     def quantile(self, q: float) -> float:
         """Return the nearest-rank ``q`` quantile (an observed value; ``nan`` if empty).
 
@@ -55,3 +74,14 @@ class WindowQuantile:
             return math.nan
         rank = min(n, max(1, math.ceil(q * n)))
         return self._sorted[rank - 1]
+
+
+def interpolated(sorted_values: list[float], q: float) -> float:
+    """The ``q`` quantile of already sorted values (linear interpolation); NaN if empty."""
+    if not sorted_values:
+        return math.nan
+    position = q * (len(sorted_values) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(sorted_values) - 1)
+    fraction = position - low
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * fraction

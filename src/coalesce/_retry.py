@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from tenacity import AsyncRetrying, RetryCallState
 
 from ._exceptions import ConfigurationError
+from ._report import Retry
 from .providers._base import RetryAdvice
 
 if TYPE_CHECKING:
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
     from .providers._base import Completion, CompletionRequest, Provider
 
 __all__ = [
-    "RetryEvent",
     "backoff_delay",
     "complete_with_retries",
     "next_wait",
@@ -36,20 +36,6 @@ __all__ = [
 
 BACKOFF_BASE = 0.5
 BACKOFF_CAP = 8.0
-
-
-class RetryEvent(NamedTuple):
-    """One failed attempt that will be retried, as passed to ``on_retry``.
-
-    Attributes:
-        attempt: The number of the attempt that failed (1 for the first).
-        error: What it raised.
-        wait: Seconds slept before the next attempt.
-    """
-
-    attempt: int
-    error: BaseException
-    wait: float
 
 
 def backoff_delay(
@@ -99,7 +85,7 @@ class _Attempts:
         max_attempts: int,
         deadline: float | None,
         rng: random.Random,
-        on_retry: Callable[[RetryEvent], None] | None,
+        on_retry: Callable[[Retry], None] | None,
     ) -> None:
         self.provider = provider
         self.max_attempts = max_attempts
@@ -144,7 +130,7 @@ class _Attempts:
         if self.on_retry is not None and state.outcome is not None:
             error = state.outcome.exception()
             assert error is not None
-            self.on_retry(RetryEvent(state.attempt_number, error, self.wait or 0.0))
+            self.on_retry(Retry(state.attempt_number, self.wait or 0.0, error))
 
 
 async def complete_with_retries(
@@ -155,7 +141,7 @@ async def complete_with_retries(
     max_attempts: int = 3,
     deadline: float | None = None,
     attempt_timeout: float | None = None,
-    on_retry: Callable[[RetryEvent], None] | None = None,
+    on_retry: Callable[[Retry], None] | None = None,
     rng: random.Random | None = None,
     sleep: Callable[[float], Awaitable[Any]] = anyio.sleep,
 ) -> Completion:

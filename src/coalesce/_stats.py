@@ -2,39 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import NamedTuple
 
-__all__ = ["BatcherStatistics", "QuantileWindow", "WaitRecorder", "quantile"]
+from ._quantile import interpolated
 
-
-def quantile(sorted_values: list[float], q: float) -> float:
-    """The ``q`` quantile of already sorted values (linear interpolation); NaN if empty."""
-    if not sorted_values:
-        return math.nan
-    position = q * (len(sorted_values) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(sorted_values) - 1)
-    fraction = position - low
-    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * fraction
-
-
-class QuantileWindow:
-    """The most recent ``size`` samples, for exact quantiles over a sliding window."""
-
-    __slots__ = ("_samples",)
-
-    def __init__(self, size: int = 4096) -> None:
-        self._samples: deque[float] = deque(maxlen=size)
-
-    def extend(self, values: Iterable[float]) -> None:
-        self._samples.extend(values)
-
-    def quantiles(self, *qs: float) -> tuple[float, ...]:
-        ordered = sorted(self._samples)
-        return tuple(quantile(ordered, q) for q in qs)
+__all__ = ["BatcherStatistics", "WaitRecorder"]
 
 
 class WaitRecorder:
@@ -59,7 +33,7 @@ class WaitRecorder:
 
     def quantiles(self, *qs: float) -> tuple[float, ...]:
         waits = sorted(at - arrival for at, arrivals in self._batches for arrival in arrivals)
-        return tuple(quantile(waits[-self._size :], q) for q in qs)
+        return tuple(interpolated(waits[-self._size :], q) for q in qs)
 
 
 class BatcherStatistics(NamedTuple):

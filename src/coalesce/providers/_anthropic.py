@@ -10,9 +10,9 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .._packing import anthropic_tool
+from .._wire.packing import anthropic_tool
 from ._base import Completion, CompletionRequest, RetryAdvice, Usage
-from ._http import Collector, lower_headers, status_advice, transport_error_kind
+from ._http import Collector, lower_headers, sdk_advice, sdk_transport_errors
 
 if TYPE_CHECKING:
     import anthropic
@@ -102,14 +102,11 @@ class AnthropicProvider:
         headers = lower_headers(raw.headers.items())
         parsed = await raw.parse()  # a Message, or an AsyncStream of events
         if request.stream:
+            import anthropic
+
             async with parsed as stream:
-                try:
+                with sdk_transport_errors(anthropic, raw.http_response.request):
                     return await _read_stream(stream, collector, headers)
-                except Exception as exc:
-                    sdk_error = _as_sdk_error(exc, raw.http_response.request)
-                    if sdk_error is exc:
-                        raise
-                    raise sdk_error from exc
         return _completion(parsed, collector, headers, request.reply_schema is not None)
 
     def arguments(self, request: CompletionRequest) -> dict[str, Any]:
@@ -142,25 +139,10 @@ class AnthropicProvider:
         """
         import anthropic
 
-        if isinstance(error, anthropic.APIStatusError):
-            headers = lower_headers(error.response.headers.items())
-            return status_advice(error.status_code, headers)
-        return RetryAdvice(retry=isinstance(error, anthropic.APIConnectionError))
+        return sdk_advice(error, anthropic)
 
     def __repr__(self) -> str:
         return f"<AnthropicProvider base_url={str(self._client.base_url)!r}>"
-
-
-def _as_sdk_error(error: Exception, request: Any) -> Exception:
-    """The SDK's own error for a transport error that escaped its stream."""
-    import anthropic
-
-    kind = transport_error_kind(error)
-    if kind == "timeout":
-        return anthropic.APITimeoutError(request=request)
-    if kind == "connection":
-        return anthropic.APIConnectionError(message=f"Connection error: {error}", request=request)
-    return error
 
 
 def _completion(

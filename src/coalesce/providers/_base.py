@@ -96,10 +96,13 @@ class RetryAdvice:
         retry: Whether sending the same request again may succeed (429, 5xx,
             timeouts, dropped connections).
         after: Seconds the provider asked us to wait (``retry-after``), if it said.
+        headers: The error response's headers (lower-case names), if there was one:
+            a 429 carries the quota that refused the request.
     """
 
     retry: bool
     after: float | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 @runtime_checkable

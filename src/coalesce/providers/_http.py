@@ -1,14 +1,23 @@
 """Any OpenAI-compatible endpoint (vLLM, TGI, llama.cpp server, Ollama) over ``httpx``.
 
-Also home of the small pieces every provider shares: header normalisation and the
-collector that assembles a streamed reply.
+Also home of the small pieces every provider shares: header normalisation, the
+collector that assembles a streamed reply, and the retry advice and error translation
+for the two official SDKs (whose error classes have the same shape).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+)
 from contextlib import aclosing
 from types import TracebackType
 from typing import Any
@@ -16,7 +25,7 @@ from typing import Any
 import anyio
 import httpx
 
-from .._packing import openai_response_format
+from .._wire.packing import openai_response_format
 from ._base import Completion, CompletionRequest, RetryAdvice, Usage
 
 __all__ = [
@@ -27,6 +36,8 @@ __all__ = [
     "lower_headers",
     "read_chat_stream",
     "retry_after",
+    "sdk_advice",
+    "sdk_transport_errors",
     "status_advice",
     "transport_error_kind",
 ]
@@ -76,7 +87,46 @@ def status_advice(status: int, headers: Mapping[str, str]) -> RetryAdvice:
         retry = should == "true"
     else:
         retry = status in RETRY_STATUSES or status >= 500
-    return RetryAdvice(retry=retry, after=retry_after(headers) if retry else None)
+    after = retry_after(headers) if retry else None
+    return RetryAdvice(retry=retry, after=after, headers={k.lower(): v for k, v in headers.items()})
+
+
+def sdk_advice(error: BaseException, sdk: Any) -> RetryAdvice:
+    """Whether an official SDK's exception is worth retrying, and when.
+
+    An ``APIStatusError`` is judged by :func:`status_advice`; an ``APIConnectionError``
+    (``APITimeoutError`` is one) is retried; anything else is not.
+
+    Args:
+        error: What the provider's ``complete`` raised.
+        sdk: The SDK module, ``openai`` or ``anthropic``.
+    """
+    if isinstance(error, sdk.APIStatusError):
+        return status_advice(error.status_code, lower_headers(error.response.headers.items()))
+    return RetryAdvice(retry=isinstance(error, sdk.APIConnectionError))
+
+
+@contextlib.contextmanager
+def sdk_transport_errors(sdk: Any, request: Any) -> Iterator[None]:
+    """Re-raise a transport error that escaped an SDK's stream as the SDK's own.
+
+    The SDKs wrap httpx / httpx2 errors while sending, but can let them through while a
+    stream is read; callers should only ever see the SDK's types.
+
+    Args:
+        sdk: The SDK module, ``openai`` or ``anthropic``.
+        request: The SDK's HTTP request, for the new error.
+    """
+    try:
+        yield
+    except Exception as exc:
+        kind = transport_error_kind(exc)
+        if kind == "timeout":
+            raise sdk.APITimeoutError(request=request) from exc
+        if kind == "connection":
+            message = f"Connection error: {exc}"
+            raise sdk.APIConnectionError(message=message, request=request) from exc
+        raise
 
 
 def lower_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
@@ -265,7 +315,7 @@ class OpenAICompatibleProvider:
     async def complete(
         self, request: CompletionRequest, on_text: Callable[[str], None] | None = None
     ) -> Completion:
-        """Send ``request``; stream it if ``request.stream``.
+        """POST ``request`` to :attr:`url` with ``httpx``; stream it if ``request.stream``.
 
         Args:
             request: The request.

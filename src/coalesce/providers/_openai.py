@@ -15,8 +15,8 @@ from ._http import (
     chat_body,
     lower_headers,
     read_chat_stream,
-    status_advice,
-    transport_error_kind,
+    sdk_advice,
+    sdk_transport_errors,
 )
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ class OpenAIProvider:
     async def complete(
         self, request: CompletionRequest, on_text: Callable[[str], None] | None = None
     ) -> Completion:
-        """Send ``request``; stream it if ``request.stream``.
+        """Send ``request`` with ``chat.completions.create``; stream it if ``request.stream``.
 
         Args:
             request: The request.
@@ -92,10 +92,7 @@ class OpenAIProvider:
         """
         import openai
 
-        if isinstance(error, openai.APIStatusError):
-            headers = lower_headers(error.response.headers.items())
-            return status_advice(error.status_code, headers)
-        return RetryAdvice(retry=isinstance(error, openai.APIConnectionError))
+        return sdk_advice(error, openai)
 
     def __repr__(self) -> str:
         return f"<OpenAIProvider base_url={str(self._client.base_url)!r} strict={self.strict}>"
@@ -135,16 +132,9 @@ async def _read_stream(response: Any, collector: Collector, headers: dict[str, s
     import openai
 
     try:
-        return await read_chat_stream(
-            response.aiter_lines(), collector, headers, _stream_error(response)
-        )
-    except Exception as exc:
-        kind = transport_error_kind(exc)
-        if kind is None:
-            raise
-        if kind == "timeout":
-            raise openai.APITimeoutError(request=response.request) from exc
-        raise openai.APIConnectionError(request=response.request) from exc
+        with sdk_transport_errors(openai, response.request):
+            lines = response.aiter_lines()
+            return await read_chat_stream(lines, collector, headers, _stream_error(response))
     finally:
         await response.aclose()
 

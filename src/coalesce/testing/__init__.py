@@ -14,12 +14,15 @@ from ._accounting import RequestRecord, SimulatorStatistics
 from ._asgi import SimulatedDisconnect
 from ._batches import BatchTiming
 from ._faults import Fault, FaultPlan
-from ._latency import Delays, LatencyModel, LatencyProfile, compute_delays
+from ._latency import Delays, LatencyProfile, SimulatedLatency, compute_delays
 from ._length import LongTail
 from ._model import expected_output
 from ._provider import SimulatedProvider
 from ._ratelimit import RateLimit, RateLimits
 from ._wire import item_output_schema
+
+#: The former name of :class:`SimulatedLatency`, kept so that existing code still runs.
+LatencyModel = SimulatedLatency
 
 __all__ = [
     "BatchTiming",
@@ -33,6 +36,7 @@ __all__ = [
     "RateLimits",
     "RequestRecord",
     "SimulatedDisconnect",
+    "SimulatedLatency",
     "SimulatedProvider",
     "SimulatorStatistics",
     "compute_delays",

@@ -69,6 +69,10 @@ class SimulatorStatistics(NamedTuple):
     faults: int
     errors: int
 
+    def as_dict(self) -> dict[str, int]:
+        """Return the totals as a JSON-able dict."""
+        return self._asdict()
+
 
 class Ledger:
     """The request log; safe to read from another thread than the server's."""

@@ -8,12 +8,11 @@ from typing import Any
 
 from ._asgi import HttpError
 from ._engine import Answer, Prompt, ReplyContext
-from ._openai import _max_tokens, _messages, _require_str, content_texts
+from ._fields import content_texts, conversation, max_tokens, require_messages, require_str
+from ._flavour import StreamEvent
 from ._ratelimit import RateDecision, anthropic_headers
 
-__all__ = ["AnthropicFlavour"]
-
-StreamEvent = tuple["str | None", dict[str, Any], int]
+__all__ = ["ANTHROPIC", "AnthropicFlavour"]
 
 
 def _forced_tool(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -44,24 +43,23 @@ class AnthropicFlavour:
     def parse(self, body: Mapping[str, Any]) -> Prompt:
         """Return the prompt of a Messages request.
 
+        The system prompt counts as prompt text, and a forced tool's ``input_schema``
+        is the schema of the answer.
+
         Args:
             body: The request body.
 
         Raises:
-            HttpError: A required field is missing or malformed.
+            HttpError: ``model``, ``max_tokens`` (required here) or ``messages`` is
+                missing or malformed, or ``tool_choice`` names an unknown tool.
         """
-        model = _require_str(body, "model")
-        max_tokens = _max_tokens(body, "max_tokens")
-        if max_tokens is None:
+        model = require_str(body, "model")
+        limit = max_tokens(body, "max_tokens")
+        if limit is None:
             raise HttpError(400, "'max_tokens' is required")
-        messages = _messages(body)
-        texts = content_texts(body.get("system"))
-        user_parts: list[str] = []
-        for message in messages:
-            parts = content_texts(message.get("content"))
-            texts.extend(parts)
-            if message.get("role") == "user":
-                user_parts = parts
+        messages = require_messages(body)
+        texts, user_parts = conversation(messages)
+        texts[:0] = content_texts(body.get("system"))
         tool = _forced_tool(body)
         schema = tool.get("input_schema") if tool is not None else None
         if isinstance(body.get("tools"), list):
@@ -72,7 +70,7 @@ class AnthropicFlavour:
             user_parts=tuple(user_parts),
             schema=schema if isinstance(schema, Mapping) else None,
             tool=str(tool.get("name")) if tool is not None else None,
-            max_tokens=max_tokens,
+            max_tokens=limit,
             stream=bool(body.get("stream")),
             messages=len(messages),
         )
@@ -185,6 +183,9 @@ class AnthropicFlavour:
         return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
     done = b""
+
+
+ANTHROPIC = AnthropicFlavour()
 
 
 def _json_pieces(text: str, count: int) -> list[str]:

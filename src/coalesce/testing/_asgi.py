@@ -12,8 +12,10 @@ import anyio
 import anyio.lowlevel
 
 __all__ = [
+    "ASGIApp",
     "HttpError",
     "HttpRequest",
+    "Message",
     "Receive",
     "Scope",
     "Send",
@@ -21,6 +23,7 @@ __all__ = [
     "read_request",
     "send_body",
     "send_json",
+    "send_start",
     "wait_for_disconnect",
 ]
 
@@ -28,6 +31,7 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class SimulatedDisconnect(ConnectionResetError):

@@ -4,28 +4,38 @@ from __future__ import annotations
 
 import datetime
 import json
-import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._accounting import RequestRecord
-from ._asgi import HttpError, HttpRequest, Receive, Send, send_body, send_json
+from ._anthropic import ANTHROPIC
+from ._asgi import HttpError, send_body
 from ._batches import Batch, LineResult, StoredFile, anthropic_status, lines_done, openai_status
-from ._engine import ReplyContext, compose, count_text, prompt_tokens
+from ._engine import ReplyContext, count_text, prompt_tokens
 from ._faults import HTTP_FAULTS, Fault
+from ._flavour import Flavour, error_body, fault_error
+from ._generate import compose_answer
 from ._multipart import parse_form
+from ._openai import OPENAI
+from ._routing import Call, Simulation
 
-if TYPE_CHECKING:
-    from ._app import Flavour
-    from ._provider import SimulatedProvider
-
-__all__ = ["ROUTES"]
-
-Match = re.Match[str]
-_FAULT_STATUS = {Fault.RATE_LIMIT: 429, Fault.SERVER_ERROR: 500, Fault.UNAVAILABLE: 503}
+__all__ = [
+    "cancel_batch",
+    "cancel_message_batch",
+    "create_batch",
+    "create_message_batch",
+    "delete_file",
+    "file_content",
+    "get_batch",
+    "get_file",
+    "get_message_batch",
+    "list_batches",
+    "message_batch_results",
+    "upload_file",
+]
 
 
 def answer_line(
-    sim: SimulatedProvider, flavour: Flavour, body: Any, api_key: str, batch_id: str, finish: float
+    sim: Simulation, flavour: Flavour, body: Any, api_key: str, batch_id: str, finish: float
 ) -> tuple[int, dict[str, Any]]:
     """Answer one batch line at once: (status, response body).
 
@@ -38,22 +48,18 @@ def answer_line(
         finish: When the line will be done.
     """
     if not isinstance(body, dict):
-        return 400, flavour.error(
-            400, "the request body must be an object", flavour.error_kind(400)
-        )
+        return 400, error_body(flavour, 400, "the request body must be an object")
     try:
         prompt = flavour.parse({**body, "stream": False})
     except HttpError as exc:
-        return exc.status, flavour.error(exc.status, exc.message, flavour.error_kind(exc.status))
+        return exc.status, error_body(flavour, exc.status, exc.message)
     now = sim.clock.now()
 
     faults = sim.faults.next()
-    answer = compose(
-        prompt, faults, lengths=sim.output_tokens, rng=sim.faults.rng, count=count_text
-    )
+    answer = compose_answer(sim, prompt, faults)
     tokens_in = prompt_tokens(prompt, count_text)
     broken = sorted(faults & (HTTP_FAULTS | {Fault.HANG, Fault.DISCONNECT}))
-    status = _FAULT_STATUS.get(broken[0], 500) if broken else 200
+    status, error = fault_error(flavour, broken[0]) if broken else (200, None)
     faults_seen = {*broken} if broken else answer.faults
     sim.ledger.add(
         RequestRecord(
@@ -64,10 +70,8 @@ def answer_line(
             finished_at=finish, batch_id=batch_id,
         )
     )  # fmt: skip
-    if status != 200:
-        return status, flavour.error(
-            status, f"simulated fault: {broken[0].value}", flavour.error_kind(status)
-        )
+    if error is not None:
+        return status, error
     ctx = ReplyContext(
         sim.next_id(flavour.id_prefix), int(sim.clock.unix(finish)), tokens_in, prompt, body
     )
@@ -77,7 +81,7 @@ def answer_line(
 # ------------------------------------------------------------------------- files
 
 
-def _file_object(sim: SimulatedProvider, stored: StoredFile) -> dict[str, Any]:
+def _file_object(sim: Simulation, stored: StoredFile) -> dict[str, Any]:
     return {
         "id": stored.id,
         "object": "file",
@@ -91,48 +95,93 @@ def _file_object(sim: SimulatedProvider, stored: StoredFile) -> dict[str, Any]:
     }
 
 
-def _file(sim: SimulatedProvider, file_id: str) -> StoredFile:
+def _file(sim: Simulation, file_id: str) -> StoredFile:
     stored = sim.batches.files.get(file_id)
     if stored is None:
         raise HttpError(404, f"no file with id {file_id!r}")
     return stored
 
 
-def _add_file(sim: SimulatedProvider, filename: str, purpose: str, data: bytes) -> StoredFile:
+def _add_file(sim: Simulation, filename: str, purpose: str, data: bytes) -> StoredFile:
     stored = StoredFile(sim.next_id("file-sim"), filename, purpose, data, sim.clock.now())
     sim.batches.files[stored.id] = stored
     return stored
 
 
-async def _upload(
-    sim: SimulatedProvider, req: HttpRequest, m: Match, receive: Receive, send: Send
-) -> None:
-    form = parse_form(req.headers.get("content-type", ""), req.body)
+async def upload_file(call: Call) -> None:
+    """``POST /v1/files``: store a file sent as a multipart form."""
+    form = parse_form(call.request.headers.get("content-type", ""), call.request.body)
     if "file" not in form or "purpose" not in form:
         raise HttpError(400, "a file upload needs the fields 'file' and 'purpose'")
-    purpose = form["purpose"].value.decode()
-    stored = _add_file(sim, form["file"].filename or "upload.jsonl", purpose, form["file"].value)
-    await send_json(send, 200, _file_object(sim, stored), {})
+    upload, purpose = form["file"], form["purpose"].value.decode()
+    stored = _add_file(call.sim, upload.filename or "upload.jsonl", purpose, upload.value)
+    await call.reply(_file_object(call.sim, stored))
 
 
-async def _get_file(
-    sim: SimulatedProvider, req: HttpRequest, m: Match, receive: Receive, send: Send
-) -> None:
-    await send_json(send, 200, _file_object(sim, _file(sim, m["id"])), {})
+async def get_file(call: Call) -> None:
+    """``GET /v1/files/{id}``."""
+    await call.reply(_file_object(call.sim, _file(call.sim, call.match["id"])))
 
 
-async def _file_content(
-    sim: SimulatedProvider, req: HttpRequest, m: Match, receive: Receive, send: Send
-) -> None:
-    await send_body(send, 200, _file(sim, m["id"]).data, "application/octet-stream", {})
+async def file_content(call: Call) -> None:
+    """``GET /v1/files/{id}/content``."""
+    stored = _file(call.sim, call.match["id"])
+    await send_body(call.send, 200, stored.data, "application/octet-stream", {})
 
 
-async def _delete_file(
-    sim: SimulatedProvider, req: HttpRequest, m: Match, receive: Receive, send: Send
-) -> None:
-    stored = _file(sim, m["id"])
-    del sim.batches.files[stored.id]
-    await send_json(send, 200, {"id": stored.id, "object": "file", "deleted": True}, {})
+async def delete_file(call: Call) -> None:
+    """``DELETE /v1/files/{id}``."""
+    stored = _file(call.sim, call.match["id"])
+    del call.sim.batches.files[stored.id]
+    await call.reply({"id": stored.id, "object": "file", "deleted": True})
+
+
+# ------------------------------------------------------------------- both batch APIs
+
+
+def _store_batch(
+    call: Call,
+    flavour: Flavour,
+    prefix: str,
+    requests: list[tuple[str, Any]],
+    request: dict[str, Any],
+    errors: list[dict[str, Any]],
+    *,
+    validate: bool,
+) -> Batch:
+    """Answer every line of a new batch now; its timeline shows them over time.
+
+    Args:
+        call: The request that creates the batch.
+        flavour: The API of its lines.
+        prefix: The prefix of the batch id.
+        requests: ``(custom_id, request body)`` of each line.
+        request: The creating request's body, kept for the batch object.
+        errors: Validation errors; a batch with errors fails and runs no line.
+        validate: Whether the batch goes through a validation phase first.
+    """
+    sim = call.sim
+    batch_id = sim.next_id(prefix)
+    lines = 0 if errors else len(requests)
+    timeline = sim.batches.timeline(sim.clock.now(), lines, validate=validate)
+    results = [
+        LineResult(custom_id, *answer_line(sim, flavour, params, call.request.api_key, batch_id, finish))
+        for (custom_id, params), finish in zip(requests[:lines], timeline.finishes, strict=True)
+    ]  # fmt: skip
+    batch = Batch(batch_id, timeline, results, request, errors)
+    sim.batches.batches[batch_id] = batch
+    return batch
+
+
+def _batch(sim: Simulation, batch_id: str) -> Batch:
+    batch = sim.batches.batches.get(batch_id)
+    if batch is None:
+        raise HttpError(404, f"no batch with id {batch_id!r}")
+    return batch
+
+
+def _jsonl(lines: list[str]) -> bytes:
+    return "".join(line + "\n" for line in lines).encode()
 
 
 # ------------------------------------------------------------------ OpenAI batches
@@ -148,54 +197,37 @@ def _parse_jsonl(data: bytes) -> tuple[list[dict[str, Any]], list[dict[str, Any]
         except ValueError:
             line = None
         if not isinstance(line, dict) or not isinstance(line.get("custom_id"), str):
-            errors.append(
-                {
-                    "code": "invalid_json_line",
-                    "message": "each line must be a JSON object with a custom_id",
-                    "param": None,
-                    "line": number,
-                }
-            )
+            message = "each line must be a JSON object with a custom_id"
+            errors.append(_line_error("invalid_json_line", message, None, number))
         elif line.get("url") != "/v1/chat/completions":
-            errors.append(
-                {
-                    "code": "invalid_url",
-                    "message": "only /v1/chat/completions is simulated",
-                    "param": "url",
-                    "line": number,
-                }
-            )
+            message = "only /v1/chat/completions is simulated"
+            errors.append(_line_error("invalid_url", message, "url", number))
         else:
             lines.append(line)
     return lines, errors
 
 
-async def _create_batch(
-    sim: SimulatedProvider, req: HttpRequest, m: Match, receive: Receive, send: Send
-) -> None:
-    from ._app import OPENAI
+def _line_error(code: str, message: str, param: str | None, line: int) -> dict[str, Any]:
+    return {"code": code, "message": message, "param": param, "line": line}
 
-    body = req.json_object()
+
+async def create_batch(call: Call) -> None:
+    """``POST /v1/batches``: a batch over the lines of an uploaded JSONL file."""
+    body = call.request.json_object()
     if body.get("endpoint") != "/v1/chat/completions":
         raise HttpError(400, "only the endpoint /v1/chat/completions is simulated")
-    source = _file(sim, str(body.get("input_file_id")))
+    source = _file(call.sim, str(body.get("input_file_id")))
     lines, errors = _parse_jsonl(source.data)
-    batch_id = sim.next_id("batch_sim")
-    timeline = sim.batches.timeline(sim.clock.now(), 0 if errors else len(lines), validate=True)
-    results = [] if errors else [
-        LineResult(line["custom_id"], *answer_line(sim, OPENAI, line.get("body"), req.api_key, batch_id, finish))
-        for line, finish in zip(lines, timeline.finishes, strict=True)
-    ]  # fmt: skip
-    batch = Batch(batch_id, timeline, results, body, errors)
-    sim.batches.batches[batch_id] = batch
-    await send_json(send, 200, _openai_batch(sim, batch), {})
+    requests = [(line["custom_id"], line.get("body")) for line in lines]
+    batch = _store_batch(call, OPENAI, "batch_sim", requests, body, errors, validate=True)
+    await call.reply(_openai_batch(call.sim, batch))
 
 
-def _stamp(sim: SimulatedProvider, moment: float | None, now: float) -> int | None:
+def _stamp(sim: Simulation, moment: float | None, now: float) -> int | None:
     return None if moment is None or moment > now else int(sim.clock.unix(moment))
 
 
-def _openai_batch(sim: SimulatedProvider, batch: Batch) -> dict[str, Any]:
+def _openai_batch(sim: Simulation, batch: Batch) -> dict[str, Any]:
     now, line = sim.clock.now(), batch.timeline
     cancelling = sim.batches.cancelling
     status = openai_status(line, batch.cancel_at, cancelling, bool(batch.errors), now)
@@ -227,7 +259,7 @@ def _openai_batch(sim: SimulatedProvider, batch: Batch) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _write_outputs(sim: SimulatedProvider, batch: Batch, done: list[LineResult]) -> None:
+def _write_outputs(sim: Simulation, batch: Batch, done: list[LineResult]) -> None:
     batch.finished = True
     good: list[str] = []
     bad: list[str] = []
@@ -248,90 +280,58 @@ def _write_outputs(sim: SimulatedProvider, batch: Batch, done: list[LineResult])
         ).id
 
 
-def _jsonl(lines: list[str]) -> bytes:
-    return "".join(line + "\n" for line in lines).encode()
+async def get_batch(call: Call) -> None:
+    """``GET /v1/batches/{id}``."""
+    await call.reply(_openai_batch(call.sim, _batch(call.sim, call.match["id"])))
 
 
-def _batch(sim: SimulatedProvider, batch_id: str) -> Batch:
-    batch = sim.batches.batches.get(batch_id)
-    if batch is None:
-        raise HttpError(404, f"no batch with id {batch_id!r}")
-    return batch
+async def cancel_batch(call: Call) -> None:
+    """``POST /v1/batches/{id}/cancel``.
 
-
-async def _get_batch(
-    sim: SimulatedProvider, req: HttpRequest, m: Match, receive: Receive, send: Send
-) -> None:
-    await send_json(send, 200, _openai_batch(sim, _batch(sim, m["id"])), {})
-
-
-async def _cancel_batch(
-    sim: SimulatedProvider, req: HttpRequest, m: Match, receive: Receive, send: Send
-) -> None:
-    batch = _batch(sim, m["id"])
-    status = _openai_batch(sim, batch)["status"]
+    Raises:
+        HttpError: The batch has already ended.
+    """
+    batch = _batch(call.sim, call.match["id"])
+    status = _openai_batch(call.sim, batch)["status"]
     if status in ("completed", "failed", "expired", "cancelled"):
         raise HttpError(400, f"cannot cancel a batch whose status is {status!r}")
     if batch.cancel_at is None:
-        batch.cancel_at = sim.clock.now()
-    await send_json(send, 200, _openai_batch(sim, batch), {})
+        batch.cancel_at = call.sim.clock.now()
+    await call.reply(_openai_batch(call.sim, batch))
 
 
-async def _list_batches(
-    sim: SimulatedProvider, req: HttpRequest, m: Match, receive: Receive, send: Send
-) -> None:
-    data = [
-        _openai_batch(sim, b) for b in sim.batches.batches.values() if b.id.startswith("batch_")
-    ]
-    await send_json(
-        send,
-        200,
-        {
-            "object": "list",
-            "data": data[::-1],
-            "has_more": False,
-            "first_id": None,
-            "last_id": None,
-        },
-        {},
+async def list_batches(call: Call) -> None:
+    """``GET /v1/batches``: every OpenAI batch, newest first."""
+    batches = call.sim.batches.batches.values()
+    data = [_openai_batch(call.sim, b) for b in batches if b.id.startswith("batch_")]
+    await call.reply(
+        {"object": "list", "data": data[::-1], "has_more": False, "first_id": None, "last_id": None}
     )
 
 
 # --------------------------------------------------------------- Anthropic batches
 
 
-def _rfc3339(sim: SimulatedProvider, moment: float | None) -> str | None:
+def _rfc3339(sim: Simulation, moment: float | None) -> str | None:
     if moment is None:
         return None
     when = datetime.datetime.fromtimestamp(sim.clock.unix(moment), datetime.timezone.utc)
     return when.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-async def _create_message_batch(
-    sim: SimulatedProvider, req: HttpRequest, m: Match, receive: Receive, send: Send
-) -> None:
-    from ._app import ANTHROPIC
-
-    requests = req.json_object().get("requests")
+async def create_message_batch(call: Call) -> None:
+    """``POST /v1/messages/batches``: a batch of Messages requests."""
+    requests = call.request.json_object().get("requests")
     if not isinstance(requests, list) or not requests:
         raise HttpError(400, "'requests' must be a non-empty list")
     if not all(isinstance(r, dict) and isinstance(r.get("custom_id"), str) for r in requests):
         raise HttpError(400, "every request needs a string 'custom_id' and 'params'")
-    batch_id = sim.next_id("msgbatch_sim")
-    timeline = sim.batches.timeline(sim.clock.now(), len(requests), validate=False)
-    results = [
-        LineResult(
-            r["custom_id"],
-            *answer_line(sim, ANTHROPIC, r.get("params"), req.api_key, batch_id, finish),
-        )
-        for r, finish in zip(requests, timeline.finishes, strict=True)
-    ]
-    batch = Batch(batch_id, timeline, results, {})
-    sim.batches.batches[batch_id] = batch
-    await send_json(send, 200, _message_batch(sim, batch, req.base_url), {})
+    lines = [(r["custom_id"], r.get("params")) for r in requests]
+    batch = _store_batch(call, ANTHROPIC, "msgbatch_sim", lines, {}, [], validate=False)
+    await call.reply(_message_batch(call.sim, batch, call.request.base_url))
 
 
-def _message_batch(sim: SimulatedProvider, batch: Batch, base_url: str) -> dict[str, Any]:
+def _message_batch(sim: Simulation, batch: Batch, base_url: str) -> dict[str, Any]:
     now, line = sim.clock.now(), batch.timeline
     status = anthropic_status(line, batch.cancel_at, sim.batches.cancelling, now)
     done_until = min(now, batch.cancel_at) if batch.cancel_at is not None else now
@@ -357,54 +357,41 @@ def _message_batch(sim: SimulatedProvider, batch: Batch, base_url: str) -> dict[
     }  # fmt: skip
 
 
-async def _get_message_batch(
-    sim: SimulatedProvider, req: HttpRequest, m: Match, receive: Receive, send: Send
-) -> None:
-    await send_json(send, 200, _message_batch(sim, _batch(sim, m["id"]), req.base_url), {})
+async def get_message_batch(call: Call) -> None:
+    """``GET /v1/messages/batches/{id}``."""
+    batch = _batch(call.sim, call.match["id"])
+    await call.reply(_message_batch(call.sim, batch, call.request.base_url))
 
 
-async def _cancel_message_batch(
-    sim: SimulatedProvider, req: HttpRequest, m: Match, receive: Receive, send: Send
-) -> None:
-    batch = _batch(sim, m["id"])
-    if _message_batch(sim, batch, req.base_url)["processing_status"] == "in_progress":
-        batch.cancel_at = sim.clock.now()
-    await send_json(send, 200, _message_batch(sim, batch, req.base_url), {})
+async def cancel_message_batch(call: Call) -> None:
+    """``POST /v1/messages/batches/{id}/cancel``: cancel it if it is still running."""
+    batch = _batch(call.sim, call.match["id"])
+    if _message_batch(call.sim, batch, call.request.base_url)["processing_status"] == "in_progress":
+        batch.cancel_at = call.sim.clock.now()
+    await call.reply(_message_batch(call.sim, batch, call.request.base_url))
 
 
-async def _message_batch_results(
-    sim: SimulatedProvider, req: HttpRequest, m: Match, receive: Receive, send: Send
-) -> None:
-    batch = _batch(sim, m["id"])
-    if _message_batch(sim, batch, req.base_url)["processing_status"] != "ended":
+async def message_batch_results(call: Call) -> None:
+    """``GET /v1/messages/batches/{id}/results``: one JSON line per request.
+
+    Raises:
+        HttpError: The batch has not ended.
+    """
+    batch = _batch(call.sim, call.match["id"])
+    if _message_batch(call.sim, batch, call.request.base_url)["processing_status"] != "ended":
         raise HttpError(400, f"batch {batch.id} has not ended yet; its results are not available")
     until = batch.cancel_at if batch.cancel_at is not None else batch.timeline.completed
     done = lines_done(batch.timeline, until)
-    lines = []
-    for index, result in enumerate(batch.results):
-        if index >= done:
-            outcome: dict[str, Any] = {"type": "canceled"}
-        elif result.status == 200:
-            outcome = {"type": "succeeded", "message": result.body}
-        else:
-            outcome = {"type": "errored", "error": result.body}
-        lines.append(
-            json.dumps({"custom_id": result.custom_id, "result": outcome}, ensure_ascii=False)
-        )
-    await send_body(send, 200, _jsonl(lines), "application/binary", {})
+    lines = [
+        json.dumps({"custom_id": r.custom_id, "result": _outcome(r, i < done)}, ensure_ascii=False)
+        for i, r in enumerate(batch.results)
+    ]
+    await send_body(call.send, 200, _jsonl(lines), "application/binary", {})
 
 
-ROUTES = [
-    ("POST", r"/v1/files", _upload),
-    ("GET", r"/v1/files/(?P<id>[^/]+)", _get_file),
-    ("DELETE", r"/v1/files/(?P<id>[^/]+)", _delete_file),
-    ("GET", r"/v1/files/(?P<id>[^/]+)/content", _file_content),
-    ("POST", r"/v1/batches", _create_batch),
-    ("GET", r"/v1/batches", _list_batches),
-    ("GET", r"/v1/batches/(?P<id>[^/]+)", _get_batch),
-    ("POST", r"/v1/batches/(?P<id>[^/]+)/cancel", _cancel_batch),
-    ("POST", r"/v1/messages/batches", _create_message_batch),
-    ("GET", r"/v1/messages/batches/(?P<id>[^/]+)", _get_message_batch),
-    ("POST", r"/v1/messages/batches/(?P<id>[^/]+)/cancel", _cancel_message_batch),
-    ("GET", r"/v1/messages/batches/(?P<id>[^/]+)/results", _message_batch_results),
-]
+def _outcome(result: LineResult, done: bool) -> dict[str, Any]:
+    if not done:
+        return {"type": "canceled"}
+    if result.status == 200:
+        return {"type": "succeeded", "message": result.body}
+    return {"type": "errored", "error": result.body}

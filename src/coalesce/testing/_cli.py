@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 from coalesce._exceptions import ConfigurationError
 
+from ._config import load_config, provider_options
 from ._provider import SimulatedProvider
 
 __all__ = ["build_parser", "main"]
@@ -34,8 +35,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _provider(args: argparse.Namespace) -> SimulatedProvider:
-    from ._config import load_config, provider_options
-
     config = load_config(args.config) if args.config else {}
     options = provider_options(config)
     if args.time_scale is not None:

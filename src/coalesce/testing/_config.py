@@ -13,7 +13,7 @@ from coalesce._exceptions import ConfigurationError
 
 from ._batches import BatchTiming
 from ._faults import FaultPlan
-from ._latency import LatencyModel, LatencyProfile
+from ._latency import LatencyProfile, SimulatedLatency
 from ._length import LongTail
 from ._ratelimit import RateLimit, RateLimits
 
@@ -61,11 +61,11 @@ def _build(kind: Any, section: Any, name: str) -> Any:
         raise ConfigurationError(f"invalid keys in '{name}': {exc}") from None
 
 
-def _latency(section: Any) -> LatencyModel:
+def _latency(section: Any) -> SimulatedLatency:
     if not isinstance(section, Mapping):
         raise ConfigurationError(f"'latency' must be an object, got {section!r}")
     models = section.get("models", {})
-    return LatencyModel(
+    return SimulatedLatency(
         default=_build(LatencyProfile, section.get("default", {}), "latency.default"),
         models={n: _build(LatencyProfile, p, f"latency.models.{n}") for n, p in models.items()},
         jitter=float(section.get("jitter", 0.0)),

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from coalesce._tokens import count_tokens
+from coalesce._planning.tokens import count_tokens
 
 from ._faults import ITEM_FAULTS, Fault, damage_results, damage_text
 from ._length import OutputTokens, target_tokens

@@ -19,6 +19,7 @@ from coalesce._exceptions import ConfigurationError
 from ._model import expected_output
 
 __all__ = [
+    "FAULT_STATUS",
     "HTTP_FAULTS",
     "ITEM_FAULTS",
     "TEXT_FAULTS",
@@ -64,7 +65,13 @@ class Fault(str, enum.Enum):
     """A packed reply lists its results in another order than the request."""
 
 
-HTTP_FAULTS = frozenset({Fault.RATE_LIMIT, Fault.SERVER_ERROR, Fault.UNAVAILABLE})
+#: The HTTP status of each fault that answers with an error instead of a reply.
+FAULT_STATUS: Mapping[Fault, int] = {
+    Fault.RATE_LIMIT: 429,
+    Fault.SERVER_ERROR: 500,
+    Fault.UNAVAILABLE: 503,
+}
+HTTP_FAULTS = frozenset(FAULT_STATUS)
 TEXT_FAULTS = frozenset({Fault.MALFORMED_JSON, Fault.PROSE, Fault.CODE_FENCE})
 ITEM_FAULTS = frozenset(
     {Fault.MISSING_ITEM, Fault.EXTRA_ID, Fault.DUPLICATE_ID, Fault.OUT_OF_ORDER}

@@ -11,25 +11,24 @@ The app's task cannot live in a task group of the caller: the response outlives
 ``handle_async_request``. It is a loop-level task (``loop.create_task`` on asyncio, a
 trio *system task*), and it is cancelled when the client closes the response early.
 
-Imported only when a client is made in process, so importing the package never
-imports ``httpx2``.
+This is the one module of the package that imports ``httpx2`` (the HTTP library of
+the openai 3.x and current anthropic SDKs): it is imported only when a client is made
+in process, so importing the package never imports ``httpx2``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import anyio
 import httpx2
 
-from ._asgi import Message, Receive, Scope, Send, SimulatedDisconnect
+from ._asgi import ASGIApp, Message, Scope, SimulatedDisconnect
 
-__all__ = ["SimulatedTransport", "asgi_scope"]
-
-App = Callable[[Scope, Receive, Send], Awaitable[None]]
+__all__ = ["SimulatedTransport", "asgi_scope", "in_process_client"]
 
 #: ASGI messages the app may send ahead of the client's reading.
 _BUFFER = 4
@@ -62,7 +61,7 @@ def asgi_scope(request: httpx2.Request, root_path: str, client: tuple[str, int])
 class _Exchange:
     """One request's run of the app, and the channel its messages come back on."""
 
-    def __init__(self, app: App, scope: Scope, request: httpx2.Request) -> None:
+    def __init__(self, app: ASGIApp, scope: Scope, request: httpx2.Request) -> None:
         if not isinstance(request.stream, httpx2.AsyncByteStream):
             raise TypeError("SimulatedTransport needs an async request (use httpx2.AsyncClient)")
         self._app = app
@@ -190,7 +189,7 @@ class SimulatedTransport(httpx2.AsyncBaseTransport):
 
     def __init__(
         self,
-        app: App,
+        app: ASGIApp,
         raise_app_exceptions: bool = True,
         root_path: str = "",
         client: tuple[str, int] = ("127.0.0.1", 123),
@@ -252,3 +251,13 @@ class SimulatedTransport(httpx2.AsyncBaseTransport):
         task = loop.create_task(fn())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def in_process_client(app: ASGIApp, base_url: str) -> httpx2.AsyncClient:
+    """Return an ``httpx2`` client whose requests go to ``app`` in process.
+
+    Args:
+        app: The ASGI app.
+        base_url: The URL the client's relative requests are resolved against.
+    """
+    return httpx2.AsyncClient(transport=SimulatedTransport(app), base_url=base_url)

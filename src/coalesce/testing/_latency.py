@@ -1,4 +1,4 @@
-"""The latency model: time to first token, then decoding at a steady rate.
+"""Simulated latency: time to first token, then decoding at a steady rate.
 
 The pure function :func:`compute_delays` turns a profile and token counts into the
 delays; the app only sleeps them (through ``anyio.sleep``, so virtual time works).
@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from coalesce._exceptions import ConfigurationError
 
-__all__ = ["Delays", "LatencyModel", "LatencyProfile", "compute_delays", "pace"]
+__all__ = ["Delays", "LatencyProfile", "SimulatedLatency", "compute_delays", "pace"]
 
 
 @dataclass(frozen=True)
@@ -42,8 +42,11 @@ class LatencyProfile:
 
 
 @dataclass(frozen=True)
-class LatencyModel:
-    """Latency profiles per model name.
+class SimulatedLatency:
+    """How long the simulated provider takes to answer: latency profiles per model name.
+
+    Not to be confused with ``coalesce``'s own latency model, which *learns* a
+    provider's latency from what it observes; this one *produces* it.
 
     Attributes:
         default: The profile of any model not named in ``models``.
@@ -106,7 +109,7 @@ def compute_delays(
         prompt_tokens: Tokens of the whole prompt.
         completion_tokens: Tokens of the answer.
         time_scale: Multiplies every delay (``0.001`` runs a thousand times faster).
-        jitter: Relative spread, see :attr:`LatencyModel.jitter`.
+        jitter: Relative spread, see :attr:`SimulatedLatency.jitter`.
         noise: A draw in ``[0, 1)``; ``0.5`` means no jitter at all.
     """
     factor = (1.0 + jitter * (2.0 * noise - 1.0)) * time_scale

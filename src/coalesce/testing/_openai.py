@@ -6,58 +6,12 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ._asgi import HttpError
 from ._engine import Answer, Prompt, ReplyContext
+from ._fields import conversation, max_tokens, require_messages, require_str
+from ._flavour import StreamEvent
 from ._ratelimit import RateDecision, openai_headers
 
-__all__ = ["OpenAIFlavour", "content_texts"]
-
-StreamEvent = tuple["str | None", dict[str, Any], int]
-
-
-def content_texts(content: Any) -> list[str]:
-    """Return the text parts of a message's content (a string or a list of parts).
-
-    Args:
-        content: The ``content`` of a message.
-    """
-    if isinstance(content, str):
-        return [content]
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if isinstance(part, Mapping) and isinstance(part.get("text"), str):
-                texts.append(part["text"])
-            elif isinstance(part, Mapping) and "content" in part:
-                texts.extend(content_texts(part["content"]))
-        return texts
-    return []
-
-
-def _require_str(body: Mapping[str, Any], key: str) -> str:
-    value = body.get(key)
-    if not isinstance(value, str) or not value:
-        raise HttpError(400, f"'{key}' is required and must be a non-empty string")
-    return value
-
-
-def _messages(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise HttpError(400, "'messages' is required and must be a non-empty list")
-    if not all(isinstance(m, Mapping) for m in messages):
-        raise HttpError(400, "every message must be an object")
-    return messages
-
-
-def _max_tokens(body: Mapping[str, Any], *keys: str) -> int | None:
-    for key in keys:
-        value = body.get(key)
-        if value is not None:
-            if not isinstance(value, int) or value < 1:
-                raise HttpError(400, f"'{key}' must be a positive integer, got {value!r}")
-            return value
-    return None
+__all__ = ["OPENAI", "OpenAIFlavour"]
 
 
 class OpenAIFlavour:
@@ -70,21 +24,20 @@ class OpenAIFlavour:
     def parse(self, body: Mapping[str, Any]) -> Prompt:
         """Return the prompt of a Chat Completions request.
 
+        ``response_format`` gives the schema of the answer (``json_schema``) or asks
+        for any JSON (``json_object``); ``max_completion_tokens`` wins over the older
+        ``max_tokens``.
+
         Args:
             body: The request body.
 
         Raises:
-            HttpError: A required field is missing or malformed.
+            HttpError: ``model`` or ``messages`` is missing or malformed, or a token
+                limit is not a positive integer.
         """
-        model = _require_str(body, "model")
-        messages = _messages(body)
-        texts: list[str] = []
-        user_parts: list[str] = []
-        for message in messages:
-            parts = content_texts(message.get("content"))
-            texts.extend(parts)
-            if message.get("role") == "user":
-                user_parts = parts
+        model = require_str(body, "model")
+        messages = require_messages(body)
+        texts, user_parts = conversation(messages)
         schema, json_mode = self._response_format(body.get("response_format"))
         if schema is not None:
             texts.append(json.dumps(schema))
@@ -94,7 +47,7 @@ class OpenAIFlavour:
             user_parts=tuple(user_parts),
             schema=schema,
             json_mode=json_mode,
-            max_tokens=_max_tokens(body, "max_completion_tokens", "max_tokens"),
+            max_tokens=max_tokens(body, "max_completion_tokens", "max_tokens"),
             stream=bool(body.get("stream")),
             messages=len(messages),
         )
@@ -186,6 +139,9 @@ class OpenAIFlavour:
         return f"data: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
     done = b"data: [DONE]\n\n"
+
+
+OPENAI = OpenAIFlavour()
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:

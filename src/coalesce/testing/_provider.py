@@ -4,24 +4,25 @@ from __future__ import annotations
 
 import itertools
 import random
-import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from os import PathLike
-from typing import TYPE_CHECKING, Any
-
-import anyio
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from coalesce._exceptions import ConfigurationError
 
 from ._accounting import Ledger, RequestRecord, SimulatorStatistics
+from ._app import handle
 from ._asgi import Receive, Scope, Send
 from ._batches import BatchStore, BatchTiming
+from ._clock import Clock
+from ._config import load_config, provider_options
 from ._faults import FaultPlan, FaultSource, FaultSpec
-from ._latency import LatencyModel
+from ._latency import SimulatedLatency
 from ._length import OutputTokens, target_tokens
 from ._model import expected_output
 from ._ratelimit import RateLimit, RateLimiter, RateLimits
+from ._server import ServerThread
 
 if TYPE_CHECKING:
     import anthropic
@@ -32,29 +33,7 @@ __all__ = ["SimulatedProvider"]
 
 _IN_PROCESS_URL = "http://simulated-provider.test"
 
-
-class Clock:
-    """Simulation time from anyio, and the wall-clock timestamps shown to clients."""
-
-    def __init__(self) -> None:
-        self._anchor: tuple[float, float] | None = None
-
-    def now(self) -> float:
-        """Return ``anyio.current_time()`` (virtual in tests)."""
-        return anyio.current_time()
-
-    def unix(self, moment: float) -> float:
-        """Return the Unix time of a simulation ``moment``.
-
-        Args:
-            moment: A value of :meth:`now`.
-        """
-        if self._anchor is None:
-            # Timestamps are shown to clients as Unix times: here reading the wall
-            # clock once is the point. Every later stamp moves with anyio's clock.
-            self._anchor = (time.time(), moment)
-        wall, base = self._anchor
-        return wall + (moment - base)
+_Client = TypeVar("_Client")
 
 
 class SimulatedProvider:
@@ -81,7 +60,7 @@ class SimulatedProvider:
     def __init__(
         self,
         *,
-        latency: LatencyModel | None = None,
+        latency: SimulatedLatency | None = None,
         rate_limits: RateLimits | RateLimit | None = None,
         faults: FaultPlan | None = None,
         output_tokens: OutputTokens = None,
@@ -93,7 +72,7 @@ class SimulatedProvider:
             raise ConfigurationError(f"time_scale must be > 0, got {time_scale}")
         if isinstance(rate_limits, RateLimit):
             rate_limits = RateLimits(default=rate_limits)
-        self.latency = latency or LatencyModel()
+        self.latency = latency or SimulatedLatency()
         self.rate_limits = rate_limits or RateLimits()
         self.fault_plan = faults or FaultPlan()
         self.output_tokens = output_tokens
@@ -114,8 +93,6 @@ class SimulatedProvider:
         Raises:
             ConfigurationError: A key or value is invalid.
         """
-        from ._config import provider_options
-
         return cls(**provider_options(config))
 
     @classmethod
@@ -128,8 +105,6 @@ class SimulatedProvider:
         Raises:
             ConfigurationError: The file cannot be parsed or holds invalid options.
         """
-        from ._config import load_config
-
         return cls.from_config(load_config(path))
 
     def reset(self) -> None:
@@ -151,8 +126,6 @@ class SimulatedProvider:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI entry point."""
-        from ._app import handle
-
         await handle(self, scope, receive, send)
 
     @property
@@ -201,9 +174,7 @@ class SimulatedProvider:
             host: The interface to bind.
             port: The port; 0 picks a free one.
         """
-        from ._server import serve_in_thread
-
-        with serve_in_thread(self, host, port) as base_url:
+        with ServerThread(self, host, port) as base_url:
             yield base_url
 
     @asynccontextmanager
@@ -214,27 +185,21 @@ class SimulatedProvider:
             host: The interface to bind.
             port: The port; 0 picks a free one.
         """
-        from ._server import serve_in_thread_async
-
-        async with serve_in_thread_async(self, host, port) as base_url:
+        async with ServerThread(self, host, port) as base_url:
             yield base_url
 
     def openai_client(self, base_url: str | None = None, **options: Any) -> openai.AsyncOpenAI:
         """Return an ``openai.AsyncOpenAI`` wired to this provider.
 
         Args:
-            base_url: The server's root URL from :meth:`serve`; ``None`` to talk to
-                the provider in process.
-            options: More arguments for ``AsyncOpenAI`` (``max_retries``, ...).
+            base_url: The server's root URL from :meth:`serve` (the client gets
+                ``f"{base_url}/v1"``); ``None`` to talk to the provider in process.
+            options: More arguments for ``AsyncOpenAI`` (``max_retries``, ...);
+                ``api_key`` defaults to ``"sk-simulated"``.
         """
         import openai
 
-        options.setdefault("api_key", "sk-simulated")
-        if base_url is not None:
-            return openai.AsyncOpenAI(base_url=f"{base_url}/v1", **options)
-        return openai.AsyncOpenAI(
-            base_url=f"{_IN_PROCESS_URL}/v1", http_client=self._http_client(), **options
-        )
+        return self._sdk_client(openai.AsyncOpenAI, base_url, "/v1", "sk-simulated", options)
 
     def anthropic_client(
         self, base_url: str | None = None, **options: Any
@@ -242,18 +207,31 @@ class SimulatedProvider:
         """Return an ``anthropic.AsyncAnthropic`` wired to this provider.
 
         Args:
-            base_url: The server's root URL from :meth:`serve`; ``None`` to talk to
-                the provider in process.
-            options: More arguments for ``AsyncAnthropic`` (``max_retries``, ...).
+            base_url: The server's root URL from :meth:`serve`, as it is (the
+                Anthropic SDK adds ``/v1`` itself); ``None`` for in process.
+            options: More arguments for ``AsyncAnthropic`` (``max_retries``, ...);
+                ``api_key`` defaults to ``"sk-ant-simulated"``.
         """
         import anthropic
 
-        options.setdefault("api_key", "sk-ant-simulated")
-        if base_url is not None:
-            return anthropic.AsyncAnthropic(base_url=base_url, **options)
-        return anthropic.AsyncAnthropic(
-            base_url=_IN_PROCESS_URL, http_client=self._http_client(), **options
-        )
+        return self._sdk_client(anthropic.AsyncAnthropic, base_url, "", "sk-ant-simulated", options)
+
+    def _sdk_client(
+        self,
+        sdk: Callable[..., _Client],
+        base_url: str | None,
+        api_path: str,
+        api_key: str,
+        options: dict[str, Any],
+    ) -> _Client:
+        """Build an SDK client for ``base_url``, or in process when it is ``None``."""
+        options.setdefault("api_key", api_key)
+        if base_url is None:
+            from ._inprocess import in_process_client  # imports httpx2: only when needed
+
+            http = in_process_client(self, _IN_PROCESS_URL)
+            return sdk(base_url=f"{_IN_PROCESS_URL}{api_path}", http_client=http, **options)
+        return sdk(base_url=f"{base_url}{api_path}", **options)
 
     def transport(self) -> httpx2.AsyncBaseTransport:
         """Return an ``httpx2`` transport that calls this provider in process.
@@ -262,14 +240,9 @@ class SimulatedProvider:
         fault raises ``httpx2.RemoteProtocolError`` as a real dropped connection
         does (the plain ``ASGITransport`` raises :class:`SimulatedDisconnect`).
         """
-        from ._inprocess import SimulatedTransport
+        from ._inprocess import SimulatedTransport  # imports httpx2: only when needed
 
         return SimulatedTransport(app=self)
-
-    def _http_client(self) -> httpx2.AsyncClient:
-        import httpx2
-
-        return httpx2.AsyncClient(transport=self.transport(), base_url=_IN_PROCESS_URL)
 
     def __repr__(self) -> str:
         stats = self.statistics()

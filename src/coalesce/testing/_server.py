@@ -1,22 +1,17 @@
-"""Serving the simulated provider over real HTTP: uvicorn in a background thread."""
+"""Serving an ASGI app over real HTTP: uvicorn in a background thread."""
 
 from __future__ import annotations
 
 import logging
 import socket
 import threading
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
-from typing import TYPE_CHECKING
+from types import TracebackType
 
 import anyio.to_thread
 
-from ._asgi import SimulatedDisconnect
+from ._asgi import ASGIApp, SimulatedDisconnect
 
-if TYPE_CHECKING:
-    from ._provider import SimulatedProvider
-
-__all__ = ["ServerThread", "serve_in_thread", "serve_in_thread_async"]
+__all__ = ["ServerThread"]
 
 _STARTUP_TIMEOUT = 30.0
 
@@ -29,9 +24,22 @@ class _QuietDisconnects(logging.Filter):
 
 
 class ServerThread:
-    """uvicorn serving a provider on an already bound socket, in a daemon thread."""
+    """uvicorn serving an ASGI app on an already bound socket, in a daemon thread.
 
-    def __init__(self, sim: SimulatedProvider, host: str, port: int) -> None:
+    Use it as a context manager, ``with`` in sync code or ``async with`` in async
+    code (which starts and stops the server in a worker thread, so the event loop
+    keeps running); either yields the base URL.
+
+    Args:
+        app: The ASGI app.
+        host: The interface to bind.
+        port: The port, 0 for any free one.
+
+    Raises:
+        OSError: The address cannot be bound.
+    """
+
+    def __init__(self, app: ASGIApp, host: str, port: int) -> None:
         import uvicorn
 
         self.socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
@@ -45,7 +53,7 @@ class ServerThread:
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host
         self.base_url = f"http://{shown}:{bound_port}"
         config = uvicorn.Config(
-            sim, log_level="warning", lifespan="off", loop="asyncio", http="h11",
+            app, log_level="warning", lifespan="off", loop="asyncio", http="h11",
             timeout_graceful_shutdown=1, access_log=False,
         )  # fmt: skip
         self.server = uvicorn.Server(config)
@@ -65,16 +73,20 @@ class ServerThread:
             self.ready.set()
 
     def start(self) -> None:
-        """Start the thread; call :meth:`wait_started` next."""
-        logging.getLogger("uvicorn.error").addFilter(self._filter)
-        self.thread.start()
-
-    def wait_started(self) -> None:
-        """Block until the server accepts connections.
+        """Start the thread and block until the server accepts connections.
 
         Raises:
-            RuntimeError: The server failed to start.
+            RuntimeError: The server failed to start (it is stopped again).
         """
+        logging.getLogger("uvicorn.error").addFilter(self._filter)
+        self.thread.start()
+        try:
+            self._wait_started()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_started(self) -> None:
         # Poll uvicorn's own flag; the event only fires early if the thread dies.
         for _ in range(int(_STARTUP_TIMEOUT / 0.01)):
             if self.server.started:
@@ -86,45 +98,36 @@ class ServerThread:
         ) from self.error
 
     def stop(self) -> None:
-        """Ask the server to stop and wait for the thread to end."""
+        """Ask the server to stop and wait for the thread to end (again: a no-op)."""
         self.server.should_exit = True
         self.thread.join(timeout=_STARTUP_TIMEOUT)
         self.socket.close()
         logging.getLogger("uvicorn.error").removeFilter(self._filter)
 
+    def __enter__(self) -> str:
+        self.start()
+        return self.base_url
 
-@contextmanager
-def serve_in_thread(sim: SimulatedProvider, host: str, port: int) -> Iterator[str]:
-    """Serve ``sim`` until the block ends; yield its base URL.
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
 
-    Args:
-        sim: The provider.
-        host: The interface.
-        port: The port, 0 for any free one.
-    """
-    server = ServerThread(sim, host, port)
-    server.start()
-    try:
-        server.wait_started()
-        yield server.base_url
-    finally:
-        server.stop()
+    async def __aenter__(self) -> str:
+        try:
+            await anyio.to_thread.run_sync(self.start)
+        except BaseException:
+            # Cancelled while starting: the thread ran on to the end and may be serving.
+            await self._stop_shielded()
+            raise
+        return self.base_url
 
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self._stop_shielded()
 
-@asynccontextmanager
-async def serve_in_thread_async(sim: SimulatedProvider, host: str, port: int) -> AsyncIterator[str]:
-    """Like :func:`serve_in_thread`, starting and stopping in a worker thread.
-
-    Args:
-        sim: The provider.
-        host: The interface.
-        port: The port, 0 for any free one.
-    """
-    server = ServerThread(sim, host, port)
-    server.start()
-    try:
-        await anyio.to_thread.run_sync(server.wait_started)
-        yield server.base_url
-    finally:
+    async def _stop_shielded(self) -> None:
+        # Shielded: a cancelled test must still leave no server thread behind.
         with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(server.stop)
+            await anyio.to_thread.run_sync(self.stop)

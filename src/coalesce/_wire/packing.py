@@ -27,9 +27,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ._exceptions import ConfigurationError
-from ._jsonstream import ResultScanner
-from ._outcomes import (
+from .._exceptions import ConfigurationError
+from .jsonstream import ResultScanner
+from .outcomes import (
     FailureKind,
     ItemFailure,
     Occurrence,

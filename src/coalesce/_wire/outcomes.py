@@ -1,7 +1,7 @@
-"""Per-item outcomes of splitting a packed reply, and the re-ask decision.
+"""Per-item outcomes of splitting a packed reply.
 
-Shared by the complete-reply split (:func:`coalesce._packing.split_reply`) and the
-streaming one (:class:`coalesce._jsonstream.StreamSplitter`), so both read a result
+Shared by the complete-reply split (:func:`coalesce._wire.packing.split_reply`) and the
+streaming one (:class:`coalesce._wire.jsonstream.StreamSplitter`), so both read a result
 object, name a failure and map it to an exception the same way.
 """
 
@@ -10,11 +10,11 @@ from __future__ import annotations
 import enum
 import json
 import re
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from ._exceptions import (
+from .._exceptions import (
     ConfigurationError,
     InvalidOutputError,
     ItemError,
@@ -221,50 +221,6 @@ def check_ids(ids: Iterable[str]) -> tuple[str, ...]:
     if len(set(out)) != len(out):
         raise ConfigurationError(f"item ids must be unique within a request, got {out!r}")
     return out
-
-
-class ReaskPlan(NamedTuple):
-    """Which failed items to send again and which to give up on.
-
-    Attributes:
-        reask: Ids to carry in a new request, in request order.
-        give_up: Ids whose callers get their :class:`~coalesce.ItemError` now.
-    """
-
-    reask: tuple[str, ...]
-    give_up: tuple[str, ...]
-
-
-def plan_reask(
-    split: Split[Any],
-    attempts: Mapping[str, int],
-    max_attempts: int,
-    *,
-    retry_kinds: Collection[FailureKind] = frozenset(FailureKind),
-) -> ReaskPlan:
-    """Decide, for every failed id of a split, whether to re-ask it.
-
-    Args:
-        split: The split reply.
-        attempts: Requests that have carried each id so far, this one included (an id
-            absent from the mapping counts as 1).
-        max_attempts: Total requests allowed per item (1 means never re-ask).
-        retry_kinds: Failure kinds worth re-asking; other kinds give up at once.
-
-    Raises:
-        ConfigurationError: ``max_attempts`` is below 1.
-    """
-    if max_attempts < 1:
-        raise ConfigurationError(f"max_attempts must be at least 1, got {max_attempts}")
-    reask: list[str] = []
-    give_up: list[str] = []
-    for item_id in split.ids:
-        failure = split.failures.get(item_id)
-        if failure is None:
-            continue
-        again = failure.kind in retry_kinds and attempts.get(item_id, 1) < max_attempts
-        (reask if again else give_up).append(item_id)
-    return ReaskPlan(tuple(reask), tuple(give_up))
 
 
 def failure_error(item_id: str, failure: ItemFailure, *, attempts: int = 1) -> ItemError:

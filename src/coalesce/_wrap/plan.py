@@ -18,10 +18,8 @@ __all__ = [
     "SWITCH_HEADER",
     "Plan",
     "anthropic_plan",
-    "apportion",
+    "given_arguments",
     "openai_plan",
-    "present",
-    "split_usage",
 ]
 
 #: ``extra_headers={"x-coalesce": "off"}`` sends that call alone, untouched.
@@ -90,7 +88,7 @@ class Plan:
     include_usage: bool = False
 
 
-def present(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+def given_arguments(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """``kwargs`` without the SDKs' "not given" sentinels (``NOT_GIVEN``, ``omit``).
 
     Args:
@@ -105,7 +103,7 @@ def _canonical(value: Any) -> str:
     )
 
 
-def overrides(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], str | None, float | None]:
+def coalesce_headers(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], str | None, float | None]:
     """Split the coalesce headers off ``extra_headers``.
 
     Returns the keyword arguments without them, the switch value (lower case) and the
@@ -340,52 +338,3 @@ def _plan(
 ) -> Plan:
     key = _canonical([model, instructions, schema, dict(options), cap, tool])
     return Plan(key, model, instructions, item, schema, options, cap, tool, budget)
-
-
-def apportion(total: int, weights: Sequence[float]) -> list[int]:
-    """Split ``total`` in proportion to ``weights``; the parts sum to ``total`` exactly.
-
-    Largest remainders get the leftover units; zero or negative weights everywhere
-    split evenly.
-
-    Args:
-        total: What to split (non-negative).
-        weights: One weight per part.
-    """
-    if not weights:
-        return []
-    positive = [max(0.0, w) for w in weights]
-    scale = sum(positive)
-    if scale <= 0:
-        positive, scale = [1.0] * len(weights), float(len(weights))
-    exact = [total * w / scale for w in positive]
-    parts = [int(x) for x in exact]
-    order = sorted(range(len(exact)), key=lambda i: parts[i] - exact[i])
-    for i in order[: total - sum(parts)]:
-        parts[i] += 1
-    return parts
-
-
-def split_usage(
-    prompt_tokens: int,
-    completion_tokens: int,
-    own_inputs: Sequence[int],
-    own_outputs: Sequence[int],
-) -> list[tuple[int, int]]:
-    """Each item's (prompt, completion) tokens of one packed request.
-
-    The prompt's shared part (what is not any item's own input) is split evenly, each
-    item's own input is its own; completion tokens go by each answer's size. Both sum
-    to the request's totals.
-
-    Args:
-        prompt_tokens: The request's prompt tokens.
-        completion_tokens: The request's completion tokens.
-        own_inputs: Estimated tokens of each item's input.
-        own_outputs: Estimated tokens of each item's answer (0 if it had none).
-    """
-    count = len(own_inputs)
-    shared = max(0, prompt_tokens - sum(own_inputs))
-    prompts = apportion(prompt_tokens, [own * count + shared for own in own_inputs])
-    completions = apportion(completion_tokens, [own + 1 for own in own_outputs])
-    return list(zip(prompts, completions, strict=True))

@@ -14,7 +14,7 @@ as the application would send it without coalesce:
   out); none for a text output.
 
 The reply is the output itself (the text, for a text output), validated like a packed
-one; a failure gets the same :class:`~coalesce._outcomes.ItemFailure` kinds, so
+one; a failure gets the same :class:`~coalesce._wire.outcomes.ItemFailure` kinds, so
 re-asks work the same way.
 """
 
@@ -24,10 +24,10 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from ._outcomes import FailureKind, ItemFailure, Occurrence, Split, judge
-from ._packing import PackedRequest, pack_value, untitled_schema
+from .outcomes import FailureKind, ItemFailure, Occurrence, Split, judge
+from .packing import PackedRequest, pack_value, untitled_schema
 
-__all__ = ["PLAIN_ID", "answers_alone", "plain_request", "split_plain", "text_output"]
+__all__ = ["PLAIN_ID", "has_plain_form", "plain_request", "split_plain", "text_output"]
 
 T = TypeVar("T")
 
@@ -40,7 +40,7 @@ def text_output(output_schema: Mapping[str, Any]) -> bool:
     return dict(output_schema) == {"type": "string"}
 
 
-def answers_alone(output_schema: Mapping[str, Any]) -> bool:
+def has_plain_form(output_schema: Mapping[str, Any]) -> bool:
     """Whether an output of this schema can be asked for by a plain call: it is text, or
     its root is an object (OpenAI's structured outputs and Anthropic's tool inputs take
     no other)."""
@@ -61,7 +61,7 @@ def plain_request(
         instructions: The shared task instructions.
         item: The item: a string is sent as it is, anything else as compact JSON.
         output_schema: JSON schema of the output, an object or text (see
-            :func:`answers_alone`).
+            :func:`has_plain_form`).
         structured: The provider enforces the reply schema; when false, the schema is
             spelled out in the system message instead.
 

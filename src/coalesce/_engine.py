@@ -1,0 +1,209 @@
+"""The engine under ``@coalesce.prompt`` and ``coalesce.wrap``: one LLM function's calls.
+
+An :class:`Engine` owns a function's :class:`~coalesce._spec.FunctionSpec` and
+:class:`~coalesce._spec.Options`, and everything that serves its calls:
+
+* a :class:`~coalesce.Batcher` that groups the calls (with a
+  :class:`~coalesce._planning.policy.BudgetPolicy` when a latency budget is declared);
+* the group runner, :func:`~coalesce._group.run_group`, which asks the provider;
+* the runner's listeners: statistics, the planner, and any the caller adds (the
+  drop-in client's usage shares).
+
+``await engine.submit(item)`` is one call. The decorator and the drop-in client only
+translate their callers' arguments into items and the results back.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Hashable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+import anyio
+
+from ._batcher import Batcher
+from ._group import Group, Resolve, run_group
+from ._listeners import StatisticsListener
+from ._planning.footprint import Footprint, footprint
+from ._planning.planner import PlanLimits
+from ._planning.policy import BudgetPolicy
+from ._planning.state import Planning
+from ._planning.tokens import TokenEstimator, bounded_output_tokens, estimator_for
+from ._policy import DispatchReason
+from ._prompt_stats import PromptRecorder, PromptStatistics
+from ._report import GroupObserver, Job, Observers
+from ._spec import FunctionSpec, Options, keyed_replies
+from ._stats import BatcherStatistics
+from ._validate import check_seconds
+
+__all__ = ["DEFAULT_EXPECTED_OUTPUT_TOKENS", "Engine", "budget_override", "latency_budget"]
+
+#: Output tokens per item the planner assumes before it has seen any reply.
+DEFAULT_EXPECTED_OUTPUT_TOKENS = 50
+
+budget_override: ContextVar[float | None] = ContextVar("coalesce_latency_budget", default=None)
+
+
+@contextmanager
+def latency_budget(seconds: float | None) -> Iterator[None]:
+    """Override the latency budget of the ``coalesce.prompt`` and ``coalesce.wrap`` calls
+    made inside.
+
+    ``with coalesce.latency_budget(0.5): await tag(ticket)`` gives that call 0.5 s,
+    keeping the function's signature untouched. ``None`` restores each function's own
+    budget. (Planning itself is switched on by a function's ``latency_budget=``.)
+
+    Raises:
+        ConfigurationError: If ``seconds`` is not a positive number or None.
+    """
+    value = check_seconds("latency_budget", seconds, positive=True, optional=True)
+    token = budget_override.set(value)
+    try:
+        yield
+    finally:
+        budget_override.reset(token)
+
+
+class Engine:
+    """Serves the calls of one LLM function (see the module doc).
+
+    Args:
+        spec: What the function asks.
+        options: How its calls coalesce.
+        recorder: Where its statistics go (default: its own).
+        observers: Further listeners of its requests.
+    """
+
+    def __init__(
+        self,
+        spec: FunctionSpec,
+        options: Options,
+        *,
+        recorder: PromptRecorder | None = None,
+        observers: Sequence[GroupObserver] = (),
+    ) -> None:
+        self.spec = spec
+        self.options = options
+        estimator = options.token_estimator or estimator_for(spec.model)
+        self.footprint = footprint(
+            spec.instructions,
+            spec.output_schema,
+            estimator,
+            structured=spec.provider.structured,
+            keyed=keyed_replies(spec, options),
+        )
+        self.recorder = recorder or PromptRecorder(
+            spec.name, spec.model, prices=options.prices, on_event=options.on_event
+        )
+        self.planning = _planning(spec, options, self.footprint, estimator)
+        listeners: list[GroupObserver] = [StatisticsListener(self.recorder, self.footprint)]
+        if self.planning is not None:
+            listeners.append(self.planning)
+        self._group = Group(spec, options, Observers(*listeners, *observers), self.planning)
+        self.batcher: Batcher[Job, Any] = Batcher(
+            self._run,
+            max_wait=options.max_wait,
+            max_items=options.max_items,
+            max_concurrency=options.max_concurrency,
+            partition=_partition,
+            name=spec.name,
+            policy=None if self.planning is None else BudgetPolicy(self.planning),
+            on_dispatch=self._dispatched,
+            resolve_early=True,
+        )
+
+    def new_job(self, item: Any, *, budget: float | None = None, partition: Hashable = None) -> Job:
+        """A call of ``item`` made now, not yet submitted.
+
+        Its budget is ``budget`` if given, else the one :func:`latency_budget` set around
+        the call, else the engine's ``latency_budget``.
+        """
+        if budget is None:
+            budget = budget_override.get()
+        if budget is None:
+            budget = self.options.latency_budget
+        now = anyio.current_time()
+        deadline = now + (budget if budget is not None else math.inf)
+        key = json.dumps(item, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        job = Job(item, key, deadline, arrival=now, budget=budget, partition=partition)
+        if self.planning is not None:
+            job.plan = self.planning.plan_item(item, partition, deadline, now)
+        return job
+
+    async def answer(self, job: Job) -> Any:
+        """Submit ``job`` and await its own result, recording the call."""
+        ok = False
+        try:
+            result = await self.batcher(job)
+            ok = True
+        finally:
+            wait = None if job.dispatched_at is None else job.dispatched_at - job.arrival
+            latency = anyio.current_time() - job.arrival
+            self.recorder.call_finished(latency, wait=wait, budget=job.budget, ok=ok)
+        return result
+
+    async def submit(
+        self, item: Any, *, budget: float | None = None, partition: Hashable = None
+    ) -> Any:
+        """One call: ``item``'s own validated output (see :meth:`new_job` for the budget)."""
+        return await self.answer(self.new_job(item, budget=budget, partition=partition))
+
+    def statistics(self) -> PromptStatistics:
+        """The recorder's snapshot (see :class:`~coalesce.PromptStatistics`)."""
+        return self.recorder.snapshot()
+
+    def batcher_statistics(self) -> BatcherStatistics:
+        """The batcher's counters (windows, waits, dispatch reasons)."""
+        return self.batcher.statistics()
+
+    async def aclose(self) -> None:
+        """Send every pending call now, wait for all of them, refuse new calls."""
+        await self.batcher.aclose()
+
+    async def _run(self, jobs: list[Job], resolve: Resolve) -> None:
+        started = anyio.current_time()
+        for job in jobs:
+            job.dispatched_at = started
+        await run_group(self._group, jobs, resolve)
+
+    def _dispatched(self, reason: DispatchReason, jobs: Sequence[Job]) -> None:
+        if reason is DispatchReason.SOLO and self.planning is not None:
+            for job in jobs:
+                if job.plan is not None:
+                    predicted = self.planning.predict(job.plan.input_tokens, job.plan.output_tokens)
+                    self.recorder.unmeetable(predicted, job.plan.deadline - job.plan.arrival)
+        self.recorder.dispatched(reason, len(jobs))
+
+    def __repr__(self) -> str:
+        budget = self.options.latency_budget
+        planned = "" if budget is None else f", budget {budget:g} s"
+        return f"<Engine {self.spec.name} model={self.spec.model!r}{planned}: {self.batcher!r}>"
+
+
+def _planning(
+    spec: FunctionSpec, options: Options, costs: Footprint, estimator: TokenEstimator
+) -> Planning | None:
+    """A budget planner for the function, if it declared a latency budget."""
+    if options.latency_budget is None:
+        return None
+    limits = PlanLimits(
+        max_items=options.max_items,
+        max_wait=options.max_wait,
+        shared_tokens=costs.shared,
+        max_output_tokens=options.max_output_tokens,
+        per_item_overhead_tokens=costs.item_frame,
+        per_item_output_overhead_tokens=costs.answer_frame,
+        streaming=options.stream,
+    )
+    # A bounded output (a classification, say) has a known longest answer.
+    prior = options.expected_output_tokens or bounded_output_tokens(spec.output_schema, estimator)
+    return Planning(
+        limits, prior or DEFAULT_EXPECTED_OUTPUT_TOKENS, options.latency_prior, estimator
+    )
+
+
+def _partition(job: Job) -> Hashable:
+    return job.partition

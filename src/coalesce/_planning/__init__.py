@@ -1,0 +1,1 @@
+"""Planning: sizing groups against latency budgets, and what the planner learns."""

@@ -1,0 +1,183 @@
+"""What the budget planner knows and learns about one function's provider.
+
+:class:`Planning` holds the learned latency model, the expected output sizes, the
+rate-limit quotas and the limits the planner applies now. It listens to the group
+runner (:meth:`Planning.request_done`) and answers the pure planner functions'
+questions (:meth:`Planning.predict`, :meth:`Planning.plan_item`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import deque
+from collections.abc import Hashable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..providers._ratelimit import RateLimitState, parse_rate_limit_headers
+from .latency import LatencyModel, LatencyPrior
+from .planner import Pace, PlanItem, PlanLimits, allow_reask, group_tokens, pack_more
+from .tokens import OutputTokenRegistry, TokenEstimator, count_json_tokens
+
+if TYPE_CHECKING:
+    from .._report import Job, RequestReport, Retry
+    from ..providers import Completion
+
+__all__ = ["SLOW_START", "Planning"]
+
+#: Largest group before the planner has measured any: after that, at most twice the
+#: largest measured, so predictions never extrapolate far beyond what was observed.
+SLOW_START = 8
+
+
+class Planning:
+    """What the budget planner learns and knows about one decorated function.
+
+    ``limits`` is what the planner applies now: the configured limits, with
+    ``max_items`` held back by the slow start and ``max_wait`` stretched while the
+    provider's request quota is the binding one (see :func:`~coalesce._planning.planner.pack_more`).
+
+    Args:
+        limits: The configured limits.
+        output_prior: Output tokens per item assumed before any reply.
+        prior: The latency prior (default: conservative for hosted models).
+        estimator: Counts the items' input tokens.
+    """
+
+    def __init__(
+        self,
+        limits: PlanLimits,
+        output_prior: int,
+        prior: LatencyPrior | None,
+        estimator: TokenEstimator,
+    ) -> None:
+        self.estimator = estimator
+        self.latency = LatencyModel(prior)
+        self.configured = limits
+        self.outputs = OutputTokenRegistry(default_prior=output_prior)
+        self.largest = 1
+        self.quota = RateLimitState()
+        self._sent: deque[tuple[float, int]] = deque(maxlen=64)  # (time, tokens) per request
+        self.limits = self._current_limits(0.0)
+
+    def _current_limits(self, now: float) -> PlanLimits:
+        allowed = min(max(SLOW_START, 2 * self.largest), self.configured.max_items)
+        limits = dataclasses.replace(self.configured, max_items=allowed)
+        return pack_more(self.quota, limits, self.pace(now), now)
+
+    def pace(self, now: float) -> Pace:
+        """Requests per second and tokens per request over the recent requests."""
+        if len(self._sent) < 2:
+            return Pace(0.0, 0.0)
+        span = max(now - self._sent[0][0], 1e-3)
+        return Pace(len(self._sent) / span, sum(t for _, t in self._sent) / len(self._sent))
+
+    def predict(self, input_tokens: int, output_tokens: int) -> float:
+        """Predicted seconds (a p95) of one request of these sizes."""
+        return self.latency.predict(input_tokens, output_tokens).total
+
+    def plan_item(self, item: Any, partition: Hashable, deadline: float, now: float) -> PlanItem:
+        """The planner's view of a new call: its token estimates and deadline."""
+        return PlanItem(
+            input_tokens=count_json_tokens(item, self.estimator),
+            output_tokens=self.outputs.expected(partition),
+            deadline=deadline,
+            arrival=now,
+        )
+
+    def may_reask(self, items: Sequence[PlanItem], deadline: float, now: float) -> bool:
+        """When the token quota binds, spend tokens only on re-asks that can be on time."""
+        input_tokens, output_tokens = group_tokens(items, self.limits)
+        return allow_reask(
+            self.quota,
+            self.pace(now),
+            now,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            deadline=deadline,
+            predict=self.predict,
+        )
+
+    # -- what it learns (a GroupObserver) -------------------------------------------
+
+    def request_done(self, report: RequestReport) -> None:
+        """Learn from one request: quotas, whether replies stream, latency, output sizes."""
+        if report.error_headers:
+            self.read_quota(report.error_headers, report.now)
+        completion = report.completion
+        if completion is None:
+            return
+        streamed = report.streamed and completion.ttft is not None
+        if self.configured.streaming and completion.text and not streamed:
+            self.replies_arrive_whole()
+        text = completion.text if report.text else None
+        self.learn(
+            completion,
+            report.items,
+            report.partition,
+            report.now,
+            packed=not report.plain,
+            text=text,
+        )
+
+    def retrying(self, retry: Retry) -> None:
+        """Nothing to learn from a retry itself (its 429's quota comes with the report)."""
+
+    def group_done(self, jobs: Sequence[Job]) -> None:
+        """Nothing to learn when a group is done."""
+
+    def read_quota(self, headers: Mapping[str, str], now: float) -> None:
+        """Read the provider's rate-limit headers (of a reply or of a 429)."""
+        state = parse_rate_limit_headers(headers, now)
+        if state.requests is not None or state.tokens is not None:
+            self.quota = RateLimitState(
+                requests=state.requests or self.quota.requests,
+                tokens=state.tokens or self.quota.tokens,
+            )
+            self.limits = self._current_limits(now)
+
+    def replies_arrive_whole(self) -> None:
+        """The provider answered a streamed request in one piece: from now on, every
+        member of a group is predicted to wait for the whole reply."""
+        if self.configured.streaming:
+            self.configured = dataclasses.replace(self.configured, streaming=False)
+            self.limits = dataclasses.replace(self.limits, streaming=False)
+
+    def learn(
+        self,
+        completion: Completion,
+        items: int,
+        partition: Hashable,
+        now: float,
+        *,
+        packed: bool = True,
+        text: str | None = None,
+    ) -> None:
+        """Learn the provider's speed and the answers' size from one reply of ``items``."""
+        usage = completion.usage
+        if usage is not None:
+            self._sent.append((now, usage.input_tokens + usage.output_tokens))
+        self.read_quota(completion.headers, now)
+        if usage is None or completion.seconds is None or items <= 0:
+            return
+        self.latency.observe(
+            usage.input_tokens, usage.output_tokens, completion.seconds, ttft=completion.ttft
+        )
+        # The reply's own frame ({"results": {...}}) is small; each item costs its
+        # output plus its key ("7":), which the planner adds back. A plain call's reply
+        # is the output alone; a text one is written as a JSON string when packed.
+        overhead = self.limits.per_item_output_overhead_tokens if packed else 0
+        per_item = max(1, round(usage.output_tokens / items) - overhead)
+        if text is not None:
+            per_item += self.estimator.count(json.dumps(text)) - self.estimator.count(text)
+        for _ in range(items):
+            self.outputs.observe(partition, per_item)
+        if items > self.largest:
+            self.largest = items
+            self.limits = self._current_limits(now)
+
+    def __repr__(self) -> str:
+        return (
+            f"<Planning max_items={self.limits.max_items} largest={self.largest}"
+            f" streaming={self.limits.streaming} latency={self.latency!r}>"
+        )

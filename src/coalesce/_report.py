@@ -1,0 +1,143 @@
+"""What the group runner tells its listeners: one report per request, one per group.
+
+:func:`~coalesce._group.run_group` knows which calls each request carried, what the
+provider answered and what each call got. Rather than have statistics, the planner
+and the drop-in client's usage shares each re-derive that from the wire, the runner
+writes it down once, as a :class:`RequestReport`, and hands it to a
+:class:`GroupObserver`. :class:`Observers` fans one report out to several listeners.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ._planning.planner import PlanItem
+    from .providers import Completion
+
+__all__ = ["GroupObserver", "Job", "Observers", "RequestReport", "Retry"]
+
+
+@dataclass(eq=False)
+class Job:
+    """One call in flight: its item, deadline, and what happened to it so far.
+
+    Attributes:
+        item: The call's input, as JSON-able data.
+        key: Canonical JSON of the item (dedupe compares it).
+        deadline: When the caller's latency budget runs out (``inf`` without one).
+        arrival: When the call was made.
+        budget: Its latency budget in seconds, or ``None``.
+        partition: Calls with different partitions never share a request.
+        plan: The planner's token estimates and deadline, when a budget is planned.
+        attempts: Requests that carried it so far.
+        done: Whether its caller has its outcome.
+        dispatched_at: When its group was handed to the provider.
+        prompt_tokens: Its share of the prompt tokens of the requests that carried it.
+        completion_tokens: Its share of their completion tokens.
+        reply: What the provider said about the last reply that carried it (id, model).
+        reply_id: Its id in that request.
+    """
+
+    item: Any
+    key: str
+    deadline: float
+    arrival: float = 0.0
+    budget: float | None = None
+    partition: Hashable = None
+    plan: PlanItem | None = None
+    attempts: int = 0
+    done: bool = False
+    dispatched_at: float | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reply: Mapping[str, Any] = field(default_factory=dict)
+    reply_id: str = ""
+
+
+@dataclass(frozen=True)
+class RequestReport:
+    """One request of a group, after its retries: what it carried and what came back.
+
+    Attributes:
+        slots: The calls it carried, by id (several calls share an id with ``dedupe``).
+        plain: It was a plain call of one item (no packing format).
+        text: A plain call answered in text (the reply is the output itself).
+        reask: It asked again for items an earlier reply failed.
+        completion: The reply, or ``None`` if the request failed before any text.
+        error: What failed the request as a whole, or ``None``.
+        error_headers: The error response's headers (a 429 carries the quota).
+        outcomes: Per id, the validated output or an
+            :class:`~coalesce._wire.outcomes.ItemFailure`.
+        streamed: Some text of the reply arrived as a stream.
+        seconds: From sending to the reply's end (or the failure).
+        now: When the report was written.
+    """
+
+    slots: Mapping[str, Sequence[Job]]
+    plain: bool
+    text: bool
+    reask: bool
+    completion: Completion | None
+    error: BaseException | None
+    error_headers: Mapping[str, str]
+    outcomes: Mapping[str, Any]
+    streamed: bool
+    seconds: float
+    now: float
+
+    @property
+    def items(self) -> int:
+        """Items in the request's prompt."""
+        return len(self.slots)
+
+    @property
+    def partition(self) -> Hashable:
+        """The partition of the calls it carried."""
+        return next(jobs[0].partition for jobs in self.slots.values())
+
+
+@dataclass(frozen=True)
+class Retry:
+    """A request failed as a whole and will be sent again after ``delay`` seconds."""
+
+    attempt: int
+    delay: float
+    error: BaseException
+
+
+class GroupObserver(Protocol):
+    """Listens to one engine's groups. Every method is synchronous and cheap."""
+
+    def request_done(self, report: RequestReport) -> None:
+        """One request finished or failed (after its retries)."""
+
+    def retrying(self, retry: Retry) -> None:
+        """A request failed as a whole and will be sent again."""
+
+    def group_done(self, jobs: Sequence[Job]) -> None:
+        """Every call of a group has its outcome."""
+
+
+class Observers:
+    """Several observers as one, told in the order given."""
+
+    def __init__(self, *observers: GroupObserver) -> None:
+        self._observers = observers
+
+    def request_done(self, report: RequestReport) -> None:
+        for observer in self._observers:
+            observer.request_done(report)
+
+    def retrying(self, retry: Retry) -> None:
+        for observer in self._observers:
+            observer.retrying(retry)
+
+    def group_done(self, jobs: Sequence[Job]) -> None:
+        for observer in self._observers:
+            observer.group_done(jobs)
+
+    def __repr__(self) -> str:
+        return f"Observers{self._observers!r}"

@@ -1,0 +1,143 @@
+"""What an LLM function is (:class:`FunctionSpec`) and how it coalesces (:class:`Options`).
+
+Both are fixed when ``@coalesce.prompt`` decorates a function or when ``coalesce.wrap``
+meets a new kind of call, and are checked then: a bad option fails at decoration,
+naming the value and the range it accepts, not at the first call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._exceptions import ConfigurationError
+from ._planning.latency import LatencyPrior
+from ._planning.tokens import TokenEstimator
+from ._pricing import Price
+from ._prompt_stats import EventHook
+from ._validate import check_callable, check_int, check_seconds
+from .providers import Provider
+
+__all__ = [
+    "DEFAULT_MAX_ATTEMPTS",
+    "DEFAULT_MAX_ITEMS",
+    "DEFAULT_MAX_RETRIES",
+    "DEFAULT_MAX_WAIT",
+    "FunctionSpec",
+    "Options",
+    "keyed_replies",
+]
+
+#: Defaults. Group size is an accuracy decision as well as a latency one: small
+#: models lose accuracy as more items share a prompt, hosted ones far less (about
+#: single-call accuracy at 4-6 items). A 50 ms window bounds the added wait.
+DEFAULT_MAX_ITEMS = 8
+DEFAULT_MAX_WAIT = 0.05
+DEFAULT_MAX_ATTEMPTS = 4
+#: Retries of a request that failed as a whole (429, 5xx, timeouts, dropped
+#: connections), after the first attempt; never past the callers' budget.
+DEFAULT_MAX_RETRIES = 4
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    """What one LLM function asks: fixed at decoration.
+
+    Attributes:
+        name: The function's name, for statistics and messages.
+        provider: Sends the requests.
+        model: The model name.
+        instructions: The shared instructions, sent once per request.
+        output_schema: JSON schema of one item's output.
+        validate: Turns one raw output into the caller's value (raises if invalid).
+        request_options: Passed to the provider unchanged (``temperature=0``...).
+    """
+
+    name: str
+    provider: Provider
+    model: str
+    instructions: str
+    output_schema: Mapping[str, Any]
+    validate: Callable[[Any], Any]
+    request_options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Options:
+    """How calls coalesce; every field checked on construction.
+
+    Attributes:
+        max_wait: Longest a call waits for company, in seconds.
+        max_items: Most items per request.
+        max_concurrency: Most requests in flight at once (``None``: no limit).
+        latency_budget: Seconds a caller may wait end to end (``None``: no budget, and
+            no planning).
+        max_attempts: Requests that may carry one item, re-asks included.
+        max_retries: Retries of a request that failed as a whole.
+        max_output_tokens: Cap on each reply's tokens (``None``: the provider's).
+        stream: Stream replies and answer each caller as its own output completes.
+        dedupe: Identical items in one group share one slot in the prompt.
+        expected_output_tokens: Output tokens per item assumed before any reply.
+        latency_prior: What the planner assumes of the provider before measuring it.
+        token_estimator: Counts input tokens (default: tiktoken for the model).
+        prices: Prices for the statistics' cost estimates.
+        on_event: Called with each call, request, dispatch and retry event.
+    """
+
+    max_wait: float = DEFAULT_MAX_WAIT
+    max_items: int = DEFAULT_MAX_ITEMS
+    max_concurrency: int | None = None
+    latency_budget: float | None = None
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    max_retries: int = DEFAULT_MAX_RETRIES
+    max_output_tokens: int | None = None
+    stream: bool = True
+    dedupe: bool = False
+    expected_output_tokens: int | None = None
+    latency_prior: LatencyPrior | None = None
+    token_estimator: TokenEstimator | None = None
+    prices: Price | Mapping[str, Price] | None = None
+    on_event: EventHook | None = None
+
+    def __post_init__(self) -> None:
+        check_seconds("max_wait", self.max_wait)
+        check_int("max_items", self.max_items)
+        check_int("max_concurrency", self.max_concurrency, optional=True)
+        check_seconds("latency_budget", self.latency_budget, positive=True, optional=True)
+        check_int("max_attempts", self.max_attempts)
+        check_int("max_retries", self.max_retries, minimum=0)
+        check_int("max_output_tokens", self.max_output_tokens, optional=True)
+        check_int("expected_output_tokens", self.expected_output_tokens, optional=True)
+        check_callable("on_event", self.on_event)
+        _check_kinds(self)
+
+    def replace(self, **changes: Any) -> Options:
+        """A copy with ``changes`` (checked again)."""
+        return dataclasses.replace(self, **changes)
+
+
+def _check_kinds(options: Options) -> None:
+    for name in ("stream", "dedupe"):
+        value = getattr(options, name)
+        if not isinstance(value, bool):
+            raise ConfigurationError(f"{name} must be True or False, got {value!r}")
+    estimator = options.token_estimator
+    if estimator is not None and not callable(getattr(estimator, "count", None)):
+        raise ConfigurationError(
+            f"token_estimator must have a count(text) -> int method, got {estimator!r}"
+        )
+    prior = options.latency_prior
+    if prior is not None and not isinstance(prior, LatencyPrior):
+        raise ConfigurationError(f"latency_prior must be a coalesce.LatencyPrior, got {prior!r}")
+
+
+def keyed_replies(spec: FunctionSpec, options: Options) -> bool:
+    """Whether ``spec``'s requests ask for wire format 2 (outputs keyed by id).
+
+    Not when the reply would reach us parsed and re-encoded (a forced tool's input, not
+    streamed): a key the model repeated would be lost unseen there, and one of two
+    differing answers handed over, where format 1 keeps both and fails the id.
+    """
+    return options.stream or not getattr(spec.provider, "parsed_replies", False)

@@ -1,0 +1,1 @@
+"""The wire: packing items into one request, reading the reply back per item."""

@@ -1,0 +1,270 @@
+"""``coalesce.wrap(client)``: an ``AsyncOpenAI`` / ``AsyncAnthropic`` that coalesces.
+
+The wrapper has the client's interface; only ``chat.completions.create`` (OpenAI)
+and ``messages.create`` (Anthropic) are intercepted. A compatible call (see
+:mod:`coalesce._wrap.plan`) becomes one call of an :class:`~coalesce._engine.Engine`,
+one engine per kind of call (same model, instructions and options); its caller gets
+a genuine SDK response (:mod:`coalesce._wrap.replies`) whose content is its own answer
+and whose usage is its share, charged by the engine's
+:class:`~coalesce._listeners.UsageShares` listener. Anything else goes to the real
+client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar, cast
+
+import anyio
+
+from .._client import as_provider
+from .._engine import Engine
+from .._exceptions import ConfigurationError
+from .._listeners import UsageShares
+from .._planning.latency import LatencyPrior
+from .._pricing import Price
+from .._prompt_stats import EventHook, PromptRecorder, PromptStatistics
+from .._report import Job
+from .._spec import DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_ITEMS, DEFAULT_MAX_WAIT, FunctionSpec, Options
+from ..providers import AnthropicProvider, OpenAIProvider, Provider
+from .plan import Plan, anthropic_plan, coalesce_headers, given_arguments, openai_plan
+from .replies import anthropic_response, anthropic_stream, openai_response, openai_stream
+
+__all__ = ["CoalescedClient", "wrap"]
+
+C = TypeVar("C")
+Respond = Callable[[Any, Job, Plan], Any]
+RespondStreamed = Callable[[Any, Job, Plan, anyio.Event], Any]
+
+
+def _validator(schema: Mapping[str, Any] | None) -> Callable[[Any], Any]:
+    """A light check: text for no schema, the JSON type the schema names otherwise."""
+    kinds: dict[str, tuple[type, ...]] = {
+        "object": (dict,),
+        "array": (list,),
+        "string": (str,),
+        "integer": (int,),
+        "number": (int, float),
+        "boolean": (bool,),
+    }
+    expected = kinds.get(str(schema.get("type"))) if schema is not None else (str,)
+
+    def validate(value: Any) -> Any:
+        if expected is not None and not isinstance(value, expected):
+            raise ValueError(f"expected {expected[0].__name__}, got {type(value).__name__}")
+        return value
+
+    return validate
+
+
+class _Engines:
+    """One engine per kind of call; one recorder per model; usage shares for all."""
+
+    def __init__(self, provider: Provider, options: Options) -> None:
+        self._provider = provider
+        self._options = options
+        self._engines: dict[str, Engine] = {}
+        self._recorders: dict[str, PromptRecorder] = {}
+        self._shares = UsageShares()
+
+    def engine(self, plan: Plan) -> Engine:
+        """The engine serving calls like ``plan``."""
+        engine = self._engines.get(plan.key)
+        if engine is None:
+            spec = FunctionSpec(
+                name=f"wrap:{plan.model}",
+                provider=self._provider,
+                model=plan.model,
+                instructions=plan.instructions,
+                output_schema=plan.output_schema or {"type": "string"},
+                validate=_validator(plan.output_schema),
+                request_options=dict(plan.options),
+            )
+            recorder = self._recorder(plan.model)
+            engine = Engine(
+                spec, self._options_for(plan), recorder=recorder, observers=[self._shares]
+            )
+            self._engines[plan.key] = engine
+        return engine
+
+    def _options_for(self, plan: Plan) -> Options:
+        cap = None if plan.item_cap is None else plan.item_cap * self._options.max_items
+        if self._options.max_output_tokens is not None:
+            cap = (
+                self._options.max_output_tokens
+                if cap is None
+                else min(cap, self._options.max_output_tokens)
+            )
+        # Streamed callers get their answer as the split finds it; the others wait for
+        # the whole reply anyway (their usage share needs it).
+        return self._options.replace(max_output_tokens=cap, stream=plan.stream)
+
+    def _recorder(self, model: str) -> PromptRecorder:
+        recorder = self._recorders.get(model)
+        if recorder is None:
+            o = self._options
+            recorder = PromptRecorder(f"wrap:{model}", model, prices=o.prices, on_event=o.on_event)
+            self._recorders[model] = recorder
+        return recorder
+
+    def statistics(self) -> dict[str, PromptStatistics]:
+        return {model: recorder.snapshot() for model, recorder in self._recorders.items()}
+
+    async def answer(self, plan: Plan) -> tuple[Any, Job, anyio.Event]:
+        """Await ``plan``'s own answer; the job carries its usage share and reply, the
+        event is set once that share is final."""
+        engine = self.engine(plan)
+        job = engine.new_job(plan.item, budget=plan.budget)
+        finished = self._shares.finished(job)
+        try:
+            value = await engine.answer(job)
+        except BaseException:
+            self._shares.forget(job)
+            raise
+        return value, job, finished
+
+    async def aclose(self) -> None:
+        for engine in list(self._engines.values()):
+            await engine.aclose()
+
+
+class _Proxy:
+    """Delegates every attribute to ``target`` except those in ``own``."""
+
+    def __init__(self, target: Any, own: Mapping[str, Any]) -> None:
+        self._target = target
+        self._own = dict(own)
+
+    def __getattr__(self, name: str) -> Any:
+        own = self.__dict__.get("_own", {})
+        if name in own:
+            return own[name]
+        return getattr(self.__dict__["_target"], name)
+
+    def __repr__(self) -> str:
+        return f"<coalesced {self._target!r}>"
+
+
+class CoalescedClient(_Proxy):
+    """What :func:`wrap` returns: the client, with coalescing ``create`` calls.
+
+    Every attribute but ``chat.completions.create`` (OpenAI) / ``messages.create``
+    (Anthropic) is the wrapped client's own.
+    """
+
+    def __init__(self, client: Any, kind: str, engines: _Engines) -> None:
+        self._engines = engines
+        if kind == "openai":
+            completions = _Proxy(client.chat.completions, {"create": self._openai_create})
+            own = {"chat": _Proxy(client.chat, {"completions": completions})}
+        else:
+            own = {"messages": _Proxy(client.messages, {"create": self._anthropic_create})}
+        super().__init__(client, {**own, "close": self.aclose})
+        self._create = (
+            client.chat.completions.create if kind == "openai" else client.messages.create
+        )
+
+    async def _openai_create(self, **kwargs: Any) -> Any:
+        return await self._route(kwargs, openai_plan, (openai_response, openai_stream))
+
+    async def _anthropic_create(self, **kwargs: Any) -> Any:
+        return await self._route(kwargs, anthropic_plan, (anthropic_response, anthropic_stream))
+
+    async def _route(
+        self,
+        kwargs: dict[str, Any],
+        planner: Callable[[Mapping[str, Any], float | None], Plan | None],
+        respond: tuple[Respond, RespondStreamed],
+    ) -> Any:
+        cleaned, switch, budget = coalesce_headers(kwargs)
+        given = given_arguments(cleaned)
+        if given.get("stream") is False:
+            del given["stream"]  # a non-streamed call, said explicitly
+        plan = None if switch == "off" else planner(given, budget)
+        if plan is None:
+            return await self._create(**cleaned)
+        value, job, finished = await self._engines.answer(plan)
+        whole, streamed = respond
+        return streamed(value, job, plan, finished) if plan.stream else whole(value, job, plan)
+
+    def statistics(self) -> dict[str, PromptStatistics]:
+        """Immutable snapshots of the coalesced calls, one per model.
+
+        See :class:`~coalesce.PromptStatistics`: latency and budget, tokens, cost and
+        savings, requests. Calls passed through to the client are not counted.
+        ``wrap`` is typed as the client it wraps; reach this with
+        ``typing.cast(coalesce.CoalescedClient, client).statistics()``.
+        """
+        return self._engines.statistics()
+
+    async def aclose(self) -> None:
+        """Send pending calls now, wait for them, then close the wrapped client.
+
+        ``await wrapped.close()`` does the same.
+        """
+        await self._engines.aclose()
+        await self._target.close()
+
+    async def __aenter__(self) -> CoalescedClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+def wrap(
+    client: C,
+    *,
+    max_wait: float = DEFAULT_MAX_WAIT,
+    max_items: int = DEFAULT_MAX_ITEMS,
+    max_concurrency: int | None = None,
+    latency_budget: float | None = None,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    max_retries: int | None = None,
+    max_output_tokens: int | None = None,
+    latency_prior: LatencyPrior | None = None,
+    prices: Price | Mapping[str, Price] | None = None,
+    on_event: EventHook | None = None,
+) -> C:
+    """Wrap an ``openai.AsyncOpenAI`` or ``anthropic.AsyncAnthropic`` so compatible calls coalesce.
+
+    The result is typed as the client: code written for the client runs unchanged.
+
+    Args:
+        client: The SDK client.
+        max_wait: Longest a call waits for company, in seconds (default 0.05).
+        max_items: Most items per request (default 8).
+        max_concurrency: Most coalesced requests in flight at once (default: no limit).
+        latency_budget: Seconds a coalesced call may wait end to end (default: none).
+        max_attempts: Requests that may carry one item, re-asks included (default 4).
+        max_retries: Retries of a failed request (default: the client's ``max_retries``).
+        max_output_tokens: Cap on a packed reply's tokens (default: each call's own cap
+            times ``max_items``, or the provider's default).
+        latency_prior: What the planner assumes of the provider before measuring it.
+        prices: Prices for the statistics' cost estimates (see :func:`~coalesce.price_for`).
+        on_event: Called with each call, request, dispatch and retry event.
+
+    Raises:
+        ConfigurationError: ``client`` is not an async OpenAI or Anthropic client, or an
+            option is out of range.
+    """
+    base = as_provider(client)  # raises ConfigurationError for anything else
+    retries = int(getattr(client, "max_retries", 2)) if max_retries is None else max_retries
+    options = Options(
+        max_wait=max_wait,
+        max_items=max_items,
+        max_concurrency=max_concurrency,
+        latency_budget=latency_budget,
+        max_attempts=max_attempts,
+        max_retries=retries,
+        max_output_tokens=max_output_tokens,
+        latency_prior=latency_prior,
+        prices=prices,
+        on_event=on_event,
+    )
+    if isinstance(base, (OpenAIProvider, AnthropicProvider)):
+        kind = "openai" if isinstance(base, OpenAIProvider) else "anthropic"
+        return cast(C, CoalescedClient(client, kind, _Engines(base, options)))
+    raise ConfigurationError(
+        f"coalesce.wrap takes an openai.AsyncOpenAI or an anthropic.AsyncAnthropic, got {client!r}"
+    )

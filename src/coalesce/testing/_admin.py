@@ -1,0 +1,64 @@
+"""The endpoints about the simulator itself: ``GET /`` and ``/_sim/...``."""
+
+from __future__ import annotations
+
+from coalesce._exceptions import ConfigurationError
+
+from ._asgi import HttpError
+from ._routing import Call
+
+__all__ = ["inject", "reset", "root", "stats"]
+
+
+async def root(call: Call) -> None:
+    """``GET /``: what this server is, so a script can wait for it."""
+    await call.reply(
+        {
+            "name": "coalesce simulated provider",
+            "status": "ok",
+            "time_scale": call.sim.time_scale,
+            "apis": [
+                "/v1/chat/completions",
+                "/v1/files",
+                "/v1/batches",
+                "/v1/messages",
+                "/v1/messages/batches",
+            ],
+            "admin": ["/_sim/stats", "/_sim/reset", "/_sim/faults"],
+        }
+    )
+
+
+async def stats(call: Call) -> None:
+    """``GET /_sim/stats``: the totals and every request's record."""
+    ledger = call.sim.ledger
+    await call.reply(
+        {
+            "totals": ledger.statistics().as_dict(),
+            "requests": [record.as_dict() for record in ledger.records()],
+        }
+    )
+
+
+async def reset(call: Call) -> None:
+    """``POST /_sim/reset``: forget requests, usage, batches and scripted faults."""
+    call.sim.reset()
+    await call.reply({"reset": True})
+
+
+async def inject(call: Call) -> None:
+    """``POST /_sim/faults``: script the faults of the next requests.
+
+    Raises:
+        HttpError: The body is not ``{"script": [...]}`` or names an unknown fault.
+    """
+    script = call.request.json_object().get("script")
+    if not isinstance(script, list):
+        raise HttpError(
+            400, 'send {"script": [...]}: one entry (null, a fault or a list) per request'
+        )
+    try:
+        call.sim.faults.inject(*script)
+    except ConfigurationError as exc:
+        raise HttpError(400, str(exc)) from None
+    await call.reply({"pending": call.sim.faults.pending})

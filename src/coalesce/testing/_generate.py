@@ -1,0 +1,246 @@
+"""The generation endpoints: ``POST /v1/chat/completions`` and ``POST /v1/messages``.
+
+One request goes through :func:`generate` in four steps: admit it (parse, count,
+charge the rate limit), refuse it if over the limit, fail it if a fault says so, and
+otherwise answer it after the simulated latency, streamed or not.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from ._accounting import RequestRecord
+from ._anthropic import ANTHROPIC
+from ._asgi import Receive, Send, SimulatedDisconnect, send_json, send_start, wait_for_disconnect
+from ._engine import Answer, Prompt, ReplyContext, compose, count_text, prompt_tokens, split_pieces
+from ._faults import HTTP_FAULTS, Fault
+from ._flavour import Flavour, StreamEvent, fault_error, send_error
+from ._latency import Delays, compute_delays, pace
+from ._openai import OPENAI
+from ._ratelimit import RateDecision, retry_headers
+from ._routing import Call, Simulation
+
+__all__ = ["chat_completions", "compose_answer", "generate", "messages"]
+
+#: Faults that break the connection rather than the answer.
+_CONNECTION_FAULTS = frozenset({Fault.HANG, Fault.DISCONNECT})
+
+
+async def chat_completions(call: Call) -> None:
+    """``POST /v1/chat/completions``."""
+    await generate(call, OPENAI)
+
+
+async def messages(call: Call) -> None:
+    """``POST /v1/messages``."""
+    await generate(call, ANTHROPIC)
+
+
+def compose_answer(sim: Simulation, prompt: Prompt, faults: frozenset[Fault]) -> Answer:
+    """Return the simulated model's answer to ``prompt`` under ``faults``.
+
+    Args:
+        sim: The provider (its answer lengths and fault generator).
+        prompt: The parsed request.
+        faults: The request's faults.
+    """
+    return compose(prompt, faults, lengths=sim.output_tokens, rng=sim.faults.rng, count=count_text)
+
+
+@dataclass(frozen=True)
+class _Turn:
+    """One admitted generation request: what it asked and what it will be sent."""
+
+    call: Call
+    flavour: Flavour
+    prompt: Prompt
+    started: float
+    tokens_in: int
+    clean: Answer  # the answer without faults: what the rate limit charges
+    ctx: ReplyContext
+    headers: dict[str, str]
+
+    def record(self, status: int, answer: Answer | None, faults: frozenset[Fault]) -> None:
+        """Log the request in the provider's ledger."""
+        sim, prompt = self.call.sim, self.prompt
+        sim.ledger.add(
+            RequestRecord(
+                api=self.flavour.api, model=prompt.model, api_key=self.call.request.api_key,
+                items=self.clean.items, prompt_tokens=self.tokens_in,
+                completion_tokens=answer.completion_tokens if answer else 0, status=status,
+                faults=tuple(sorted(f.value for f in faults)), started_at=self.started,
+                finished_at=sim.clock.now(), stream=prompt.stream,
+            )
+        )  # fmt: skip
+
+
+async def generate(call: Call, flavour: Flavour) -> None:
+    """Answer one Chat Completions or Messages request.
+
+    Args:
+        call: The request.
+        flavour: The API.
+
+    Raises:
+        HttpError: The request is invalid.
+        SimulatedDisconnect: The ``disconnect`` fault dropped the connection.
+    """
+    turn, decision = _admit(call, flavour)
+    if not decision.allowed:
+        await _refuse(turn, decision)
+        return
+    faults = call.sim.faults.next()
+    http_faults = sorted(faults & HTTP_FAULTS)
+    if http_faults:
+        await _fail(turn, http_faults[0])
+        return
+    await _answer(turn, faults)
+
+
+def _admit(call: Call, flavour: Flavour) -> tuple[_Turn, RateDecision]:
+    """Parse and count the request, and charge it to the caller's rate limit."""
+    sim, body = call.sim, call.request.json_object()
+    prompt = flavour.parse(body)
+    started = sim.clock.now()
+    tokens_in = prompt_tokens(prompt, count_text)
+    clean = compose_answer(sim, prompt, frozenset())
+    decision = sim.limiter.check(call.request.api_key, tokens_in + clean.completion_tokens, started)
+    ctx = ReplyContext(
+        sim.next_id(flavour.id_prefix), int(sim.clock.unix(started)), tokens_in, prompt, body
+    )
+    headers = {
+        flavour.request_id_header: f"req_{ctx.id}",
+        **flavour.rate_headers(decision, sim.clock.unix(started)),
+    }
+    return _Turn(call, flavour, prompt, started, tokens_in, clean, ctx, headers), decision
+
+
+async def _refuse(turn: _Turn, decision: RateDecision) -> None:
+    """Answer ``429``: the caller is over its rate limit."""
+    turn.record(429, None, frozenset())
+    message = _rate_message(turn.prompt.model, decision)
+    headers = {**turn.headers, **retry_headers(decision.retry_after)}
+    await send_error(turn.call.send, turn.flavour, 429, message, headers)
+
+
+def _rate_message(model: str, decision: RateDecision) -> str:
+    kind = (
+        "requests"
+        if decision.requests.limit is not None and decision.requests.remaining < 1
+        else "tokens"
+    )
+    quota = decision.requests if kind == "requests" else decision.tokens
+    return (
+        f"Rate limit reached for {model} on {kind} per min: limit {quota.limit},"
+        f" remaining {quota.remaining}. Please try again in {decision.retry_after:.3f}s."
+    )
+
+
+async def _fail(turn: _Turn, fault: Fault) -> None:
+    """Answer with the error status of an injected fault."""
+    status, body = fault_error(turn.flavour, fault)
+    turn.record(status, None, frozenset({fault}))
+    extra = retry_headers(turn.call.sim.time_scale) if status == 429 else {}
+    await send_json(turn.call.send, status, body, {**turn.headers, **extra})
+
+
+async def _answer(turn: _Turn, faults: frozenset[Fault]) -> None:
+    """Answer after the simulated latency, as damaged as the faults say."""
+    sim, prompt, call = turn.call.sim, turn.prompt, turn.call
+    answer = turn.clean
+    if faults - _CONNECTION_FAULTS:
+        answer = compose_answer(sim, prompt, faults)
+    applied = answer.faults | (faults & _CONNECTION_FAULTS)
+    delays = _delays(sim, prompt.model, turn.tokens_in, answer.completion_tokens)
+    drop = Fault.DISCONNECT in faults
+    status = 499  # the client went away before the answer was complete
+    try:
+        if Fault.HANG in faults and await _hang(
+            sim.fault_plan.hang_seconds * sim.time_scale, call.receive
+        ):
+            return
+        if prompt.stream:
+            events = turn.flavour.stream(answer, split_pieces(answer.text), turn.ctx)
+            status = 200
+            await _send_stream(call.send, turn.flavour, events, delays, turn.headers, drop=drop)
+        else:
+            await anyio.sleep(delays.total)
+            status = 200
+            body = turn.flavour.render(answer, turn.ctx)
+            await _send_reply(call.send, body, turn.headers, drop=drop)
+    finally:
+        turn.record(status, answer if status == 200 else None, applied)
+
+
+def _delays(sim: Simulation, model: str, tokens_in: int, tokens_out: int) -> Delays:
+    return compute_delays(
+        sim.latency.profile_for(model), tokens_in, tokens_out, time_scale=sim.time_scale,
+        jitter=sim.latency.jitter, noise=sim.jitter_rng.random(),
+    )  # fmt: skip
+
+
+async def _hang(seconds: float, receive: Receive) -> bool:
+    """Sleep ``seconds``; return ``True`` early if the client disconnects first."""
+    gone = False
+    async with anyio.create_task_group() as group:
+
+        async def watch() -> None:
+            nonlocal gone
+            await wait_for_disconnect(receive)
+            gone = True
+            group.cancel_scope.cancel()
+
+        group.start_soon(watch)
+        await anyio.sleep(seconds)
+        group.cancel_scope.cancel()
+    return gone
+
+
+async def _send_reply(
+    send: Send, value: dict[str, Any], headers: dict[str, str], *, drop: bool
+) -> None:
+    body = json.dumps(value, ensure_ascii=False).encode()
+    all_headers = {**headers, "content-type": "application/json", "content-length": str(len(body))}
+    await send_start(send, 200, all_headers)
+    if drop:
+        await send(
+            {"type": "http.response.body", "body": body[: len(body) // 2], "more_body": True}
+        )
+        raise SimulatedDisconnect("simulated fault: the connection dropped mid-response")
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _send_stream(
+    send: Send,
+    flavour: Flavour,
+    events: list[StreamEvent],
+    delays: Delays,
+    headers: dict[str, str],
+    *,
+    drop: bool,
+) -> None:
+    stream_headers = {**headers, "content-type": "text/event-stream", "cache-control": "no-cache"}
+    await send_start(send, 200, stream_headers)
+    # Each piece is due at a fixed offset from the start, so a busy event loop delays a
+    # piece but not every piece after it (a real server's decoding does not slow down
+    # because its client is busy).
+    due = anyio.current_time() + delays.first_token
+    await anyio.sleep_until(due)
+    pauses = pace(delays.decode, [weight for _, _, weight in events])
+    content = sum(1 for _, _, weight in events if weight)
+    sent = 0
+    for (event, data, weight), pause in zip(events, pauses, strict=True):
+        if weight:
+            if drop and sent >= content // 2:
+                raise SimulatedDisconnect("simulated fault: the connection dropped mid-stream")
+            due += pause
+            await anyio.sleep_until(due)
+            sent += 1
+        await send(
+            {"type": "http.response.body", "body": flavour.sse(event, data), "more_body": True}
+        )
+    await send({"type": "http.response.body", "body": flavour.done, "more_body": False})
