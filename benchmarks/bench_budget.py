@@ -35,7 +35,8 @@ from group_sizing import best_group_size
 from pydantic import BaseModel, TypeAdapter
 
 import coalesce
-from coalesce._demo import run_mode, run_plain, simulated_provider
+from coalesce._demo import run as run_workload
+from coalesce._demo import simulated_provider
 from coalesce._planning.tokens import count_tokens
 from coalesce._pricing import cost, price_for
 from coalesce._wire.packing import openai_response_format, pack_request
@@ -108,18 +109,10 @@ async def run(url: str, arrivals: list[float], **options: Any) -> dict[str, Any]
         await http.post("/_sim/reset")
     texts = tickets(len(arrivals))
     async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="sk-sim", timeout=30.0) as client:
-        if options.get("plain"):
-            latencies, _usage = await run_plain(
-                client, MODEL, texts, arrivals, instructions=INSTRUCTIONS, output_type=Triage
-            )
-            mean_group, reasons = 1.0, {}
-        else:
-            latencies, _stats, batches = await run_mode(
-                client, MODEL, texts, arrivals, instructions=INSTRUCTIONS, output_type=Triage,
-                **options,
-            )  # fmt: skip
-            mean_group = batches.mean_batch_size
-            reasons = {k: v for k, v in batches.batches_by_reason.items() if v}
+        measured = await run_workload(
+            client, MODEL, texts, arrivals, instructions=INSTRUCTIONS, output_type=Triage, **options
+        )
+    latencies, mean_group, reasons = measured.latencies, measured.mean_group, dict(measured.reasons)
     async with httpx.AsyncClient(base_url=url) as http:
         totals = (await http.get("/_sim/stats")).json()["totals"]
     price = price_for(MODEL)

@@ -10,7 +10,6 @@ import anyio
 import pytest
 
 import coalesce
-from coalesce._policy import Due
 from coalesce import (
     Batcher,
     BatcherClosedError,
@@ -441,9 +440,9 @@ class EarlyPolicy:
     def before_add(self, members: Sequence[Any], item: Any, now: float) -> Any:
         return coalesce.DispatchReason.SOLO if item == "huge" else None
 
-    def after_add(self, members: Sequence[Any], now: float) -> Due | None:
+    def after_add(self, members: Sequence[Any], now: float) -> coalesce.Due | None:
         if len(members) == 2:
-            return Due(now + 0.05, coalesce.DispatchReason.DEADLINE)
+            return coalesce.Due(now + 0.05, coalesce.DispatchReason.DEADLINE)
         return None
 
 
@@ -499,3 +498,28 @@ async def test_resolve_early_answers_a_caller_before_the_batch_returns() -> None
         "ValueError: b",
         "early a",
     ]
+
+
+async def test_batch_decorator_with_resolve_early_on_a_function_and_a_method() -> None:
+    @coalesce.batch(resolve_early=True, max_wait=0.01)
+    async def double(items: list[int], resolve: Any) -> None:
+        for index, item in enumerate(items):
+            resolve(index, 2 * item)
+
+    class Tripler:
+        @coalesce.batch(resolve_early=True, max_wait=0.01)
+        async def triple(self, items: list[int], resolve: Any) -> list[int]:
+            resolve(0, 3 * items[0])
+            return [3 * item for item in items]
+
+    tripler = Tripler()
+    results: dict[str, int] = {}
+
+    async def call(name: str, fn: Any, item: int) -> None:
+        results[name] = await fn(item)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call, "d", double, 4)
+        tg.start_soon(call, "t1", tripler.triple, 1)
+        tg.start_soon(call, "t2", tripler.triple, 2)
+    assert results == {"d": 8, "t1": 3, "t2": 6}

@@ -12,9 +12,9 @@ import pytest
 from pydantic import BaseModel
 
 import coalesce
+from coalesce._planning.planner import PlanLimits
 from coalesce._planning.state import Planning
 from coalesce._planning.tokens import estimator_for
-from coalesce._planning.planner import PlanLimits
 from coalesce.providers import CallableProvider, Completion, CompletionRequest, Usage
 from coalesce.testing import LatencyModel, LatencyProfile, SimulatedProvider
 

@@ -25,7 +25,7 @@ from ._exceptions import (
 )
 from ._planning.latency import LatencyPrior
 from ._planning.tokens import CharacterEstimator, TiktokenEstimator, TokenEstimator
-from ._policy import DispatchReason
+from ._policy import DispatchPolicy, DispatchReason, Due
 from ._pricing import DEFAULT_PRICES, Price, price_for
 from ._prompt import PromptFunction, prompt
 from ._prompt_stats import (
@@ -42,7 +42,7 @@ from ._stats import BatcherStatistics
 from ._wrap import CoalescedClient, wrap
 
 try:
-    __version__ = version("coalesce")
+    __version__ = version("coalesce-llm")
 except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0+unknown"
 
@@ -60,7 +60,9 @@ __all__ = [
     "CoalescedClient",
     "ConfigurationError",
     "DispatchEvent",
+    "DispatchPolicy",
     "DispatchReason",
+    "Due",
     "Event",
     "EventHook",
     "InvalidOutputError",

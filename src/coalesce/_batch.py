@@ -9,6 +9,7 @@ from typing import Any, Generic, TypeVar, overload
 
 from ._batcher import Batcher
 from ._exceptions import ConfigurationError
+from ._policy import DispatchPolicy, DispatchReason
 
 __all__ = ["BatchMethod", "batch"]
 
@@ -70,6 +71,9 @@ def batch(
     partition: Callable[[Any], Hashable] | None = ...,
     size: Callable[[Any], float] | None = ...,
     max_size: float | None = ...,
+    policy: DispatchPolicy[Any] | None = ...,
+    on_dispatch: Callable[[DispatchReason, Sequence[Any]], None] | None = ...,
+    resolve_early: bool = ...,
 ) -> _BatchDecorator: ...
 def batch(fn: Any = None, /, **options: Any) -> Any:
     """Decorate ``async def f(items: list[T]) -> list[R]`` so that ``await f(item) -> R``.
@@ -96,7 +100,8 @@ async def _placeholder(items: list[Any]) -> list[Any]:  # pragma: no cover - nev
 def _decorate(fn: Any, options: dict[str, Any]) -> Any:
     if not callable(fn):
         raise ConfigurationError(f"@coalesce.batch decorates an async function, got {fn!r}")
-    if _positional_arity(fn) == 2:
+    # A method takes ``self`` first; an early-resolving function also takes ``resolve``.
+    if _positional_arity(fn) == 2 + bool(options.get("resolve_early")):
         Batcher(_placeholder, **options)
         return BatchMethod(fn, options)
     return Batcher(fn, **options)

@@ -1,4 +1,4 @@
-"""Anthropic Messages through the official SDK (``coalesce[anthropic]``).
+"""Anthropic Messages through the official SDK (``coalesce-llm[anthropic]``).
 
 Structured replies use a forced tool: its ``input_schema`` is the reply schema and the
 reply text is the tool call's input as JSON. The SDK is imported only when used.

@@ -1,4 +1,4 @@
-"""OpenAI Chat Completions through the official SDK (``coalesce[openai]``).
+"""OpenAI Chat Completions through the official SDK (``coalesce-llm[openai]``).
 
 The SDK is imported only when a provider is used, never by ``import coalesce``.
 """

@@ -64,7 +64,9 @@ def main(argv: list[str]) -> int:
         print(f"coalesce simulate: {exc}", file=sys.stderr)
         return 2
     except ImportError:
-        print("coalesce simulate needs uvicorn: pip install 'coalesce[testing]'", file=sys.stderr)
+        print(
+            "coalesce simulate needs uvicorn: pip install 'coalesce-llm[testing]'", file=sys.stderr
+        )
         return 2
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -5,6 +5,11 @@ Enable them in a ``conftest.py``::
     pytest_plugins = ["coalesce.testing.pytest_plugin"]
 
 and configure the provider by overriding ``simulated_provider_options``.
+
+The fixtures are plain (not async) fixtures, so they work under whichever runner
+drives the async tests: anyio's pytest plugin (``@pytest.mark.anyio``) or
+pytest-asyncio (``@pytest.mark.asyncio``, or its auto mode). The provider touches no
+event loop until a request arrives, and then uses the loop of the test that sends it.
 """
 
 from __future__ import annotations
@@ -40,8 +45,9 @@ def simulated_provider_url(simulated_provider: SimulatedProvider) -> Iterator[st
     """The base URL of ``simulated_provider`` served on 127.0.0.1 for this test.
 
     The OpenAI SDK wants ``f"{url}/v1"``; the Anthropic SDK takes ``url`` itself.
-    Real sockets need the real clock: run such tests on ``real_time_backend``-style
-    backends, not on virtual time, and give the provider a small ``time_scale``.
+    The server runs in a thread with its own event loop, whatever runs the test.
+    Real sockets need the real clock: run such tests without a virtual clock (no
+    trio ``MockClock``, no ``looptime``) and give the provider a small ``time_scale``.
     """
     with simulated_provider.serve() as url:
         yield url

@@ -1,0 +1,134 @@
+"""The layout's rules (docs/architecture.md): no import cycle, short functions, and no
+module reaching into another's underscore names."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import coalesce
+
+SRC = Path(coalesce.__file__).parent
+LONGEST_FUNCTION = 60
+
+
+def _modules() -> dict[str, ast.Module]:
+    trees = {}
+    for path in sorted(SRC.rglob("*.py")):
+        parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        trees[".".join(parts)] = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    return trees
+
+
+MODULES = _modules()
+
+
+def _is_package(name: str) -> bool:
+    return (SRC.parent / name.replace(".", "/") / "__init__.py").exists()
+
+
+def _imports(name: str, tree: ast.Module) -> Iterator[tuple[str, str]]:
+    """``(module, imported name)`` for every ``from ... import`` of a coalesce module."""
+    base = name.split(".") if _is_package(name) else name.split(".")[:-1]
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            target = ".".join([*base[: len(base) - node.level + 1], *filter(None, [node.module])])
+        else:
+            target = node.module or ""
+        if target.split(".")[0] == "coalesce":
+            for alias in node.names:
+                yield target, alias.name
+
+
+def _graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {name: set() for name in MODULES}
+    for name, tree in MODULES.items():
+        for target, imported in _imports(name, tree):
+            module = f"{target}.{imported}"
+            graph[name].add(module if module in MODULES else target)
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_cycle() -> None:
+    assert _cycle(_graph()) is None
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_function_is_longer_than_60_lines() -> None:
+    long = [
+        f"{name}.{node.name}: {node.end_lineno - node.lineno + 1} lines"
+        for name, tree in MODULES.items()
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > LONGEST_FUNCTION
+    ]
+    assert long == []
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _own_private_names(tree: ast.Module) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return {name for name in names if _private(name)}
+
+
+def test_no_module_uses_another_modules_underscore_names() -> None:
+    private = {name: _own_private_names(tree) for name, tree in MODULES.items()}
+    everyone = set().union(*private.values())
+    found = []
+    for name, tree in MODULES.items():
+        for target, imported in _imports(name, tree):
+            if _private(imported) and f"{target}.{imported}" not in MODULES:
+                found.append(f"{name}: from {target} import {imported}")
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or node.attr not in everyone:
+                continue
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            if isinstance(owner, ast.Call) and ast.unparse(owner.func) == "super":
+                continue
+            if node.attr not in private[name]:
+                found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+    assert found == []
