@@ -62,7 +62,17 @@ DEFAULT_MAX_ITEMS = 64
 class _Window:
     """The items of one partition waiting to become a batch."""
 
-    __slots__ = ("arrivals", "due_at", "due_reason", "items", "key", "opened_at", "size", "waiters")
+    __slots__ = (
+        "arrivals",
+        "due_at",
+        "due_reason",
+        "items",
+        "key",
+        "opened_at",
+        "resolved",
+        "size",
+        "waiters",
+    )
 
     def __init__(self, key: Hashable, opened_at: float, due_at: float) -> None:
         self.key = key
@@ -74,6 +84,7 @@ class _Window:
         self.waiters: list[Any] = []
         self.arrivals: list[float] = []
         self.size = 0.0
+        self.resolved = 0  # callers answered early (``resolve_early``)
 
     def remove(self, waiter: Any) -> bool:
         for index, candidate in enumerate(self.waiters):
@@ -424,9 +435,10 @@ class Batcher(Generic[T, R]):
                 self._fail_all(window, BatchError(f"{self._name}: the batch was aborted"), exc)
                 raise
             else:
-                if results is not None or not self._resolve_early:
+                if results is None and self._resolve_early:
+                    self._fail_unresolved(window)
+                else:
                     self._deliver(window, results)
-                self._fail_unresolved(window)
         finally:
             self._in_flight -= 1
             self._after_batch()
@@ -446,9 +458,12 @@ class Batcher(Generic[T, R]):
         assert rt is not None
         waiter = window.waiters[index]
         if isinstance(result, BaseException):
-            self._failed += rt.fail(waiter, result)
+            delivered = rt.fail(waiter, result)
+            self._failed += delivered
         else:
-            self._completed += rt.resolve(waiter, result)
+            delivered = rt.resolve(waiter, result)
+            self._completed += delivered
+        window.resolved += delivered
 
     def _deliver(self, window: _Window, results: Any) -> None:
         rt = self._rt
@@ -471,9 +486,9 @@ class Batcher(Generic[T, R]):
         self._failed += failed
 
     def _fail_unresolved(self, window: _Window) -> None:
-        """With ``resolve_early``, no caller may be left waiting when the batch returns."""
-        if not self._resolve_early:
-            return
+        """The batch function returned ``None``: no caller may be left waiting."""
+        if window.resolved == len(window.waiters):
+            return  # the usual case: every caller was answered early
         rt = self._rt
         assert rt is not None
         for index, waiter in enumerate(window.waiters):

@@ -24,8 +24,8 @@ from typing import Any
 
 import anyio
 
-from ._batcher import Batcher
-from ._group import Group, Resolve, run_group
+from ._batcher import Batcher, Resolve
+from ._group import Group, run_group
 from ._listeners import StatisticsListener
 from ._planning.footprint import Footprint, footprint
 from ._planning.planner import PlanLimits

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
+from ._batcher import Resolve
 from ._planning.planner import streaming_order
 from ._planning.state import Planning
 from ._report import GroupObserver, Job, RequestReport
@@ -38,9 +39,6 @@ from ._wire.plain import has_plain_form, plain_request, split_plain, text_output
 from .providers import Completion, CompletionRequest
 
 __all__ = ["Asked", "Group", "Sent", "build", "judge", "run_group", "send"]
-
-#: Hands the caller at an index its outcome (a value or an exception).
-Resolve = Callable[[int, Any], None]
 
 
 @dataclass(frozen=True)
