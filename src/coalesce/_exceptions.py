@@ -8,6 +8,8 @@
     ├── QueueFull                         a non-waiting submit found the queue full
     ├── BatchError                        the batch function broke its contract
     │   └── ResultCountError              ... returned the wrong number of results
+    ├── InvalidInputError (ValueError)    one call's item cannot be sent (refused alone)
+    ├── RequestTimeoutError (TimeoutError) no answer by the caller's deadline or timeout
     └── ItemError                         one item's own answer could not be obtained
         ├── MissingOutputError            ... the reply had no output for its id
         ├── InvalidOutputError            ... its output failed validation
@@ -33,7 +35,9 @@ __all__ = [
     "InvalidOutputError",
     "ItemError",
     "MissingOutputError",
+    "InvalidInputError",
     "QueueFull",
+    "RequestTimeoutError",
     "ResultCountError",
     "TruncatedOutputError",
 ]
@@ -74,6 +78,37 @@ class ResultCountError(BatchError):
             f"the batch function returned {received} results for a batch of {expected} items;"
             f" it must return exactly one result per item, in the same order"
         )
+
+
+class InvalidInputError(CoalesceError, ValueError):
+    """One call's item cannot be sent; only that call fails, at once, before it is grouped.
+
+    Raised for an item that is not JSON (NaN, infinity, a lone surrogate, bytes, an
+    arbitrary object) or too large for the model's context window together with the
+    instructions and its expected output. Its neighbours are unaffected.
+
+    Attributes:
+        field: Where in the item the problem is (``"$"`` for the item itself,
+            ``"$.text"`` for a field), or ``None`` when it is about the whole item.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        self.field = field
+        super().__init__(message)
+
+
+class RequestTimeoutError(CoalesceError, TimeoutError):
+    """No answer reached the caller by its deadline (latency budget) or ``timeout``.
+
+    The request may still be running for other callers; this caller is freed.
+
+    Attributes:
+        seconds: How long the caller waited.
+    """
+
+    def __init__(self, message: str, *, seconds: float) -> None:
+        self.seconds = seconds
+        super().__init__(message)
 
 
 class ItemError(CoalesceError):

@@ -25,6 +25,7 @@ __all__ = [
     "DEFAULT_MAX_ITEMS",
     "DEFAULT_MAX_RETRIES",
     "DEFAULT_MAX_WAIT",
+    "DEFAULT_TIMEOUT",
     "FunctionSpec",
     "Options",
     "keyed_replies",
@@ -36,6 +37,8 @@ __all__ = [
 DEFAULT_MAX_ITEMS = 8
 DEFAULT_MAX_WAIT = 0.05
 DEFAULT_MAX_ATTEMPTS = 4
+#: Longest one request may run when no latency budget bounds it (a budget does).
+DEFAULT_TIMEOUT = 60.0
 #: Retries of a request that failed as a whole (429, 5xx, timeouts, dropped
 #: connections), after the first attempt; never past the callers' budget.
 DEFAULT_MAX_RETRIES = 4
@@ -84,6 +87,13 @@ class Options:
         token_estimator: Counts input tokens (default: tiktoken for the model).
         prices: Prices for the statistics' cost estimates.
         on_event: Called with each call, request, dispatch and retry event.
+        timeout: Longest one request attempt may run, in seconds (``None``: bounded by
+            the callers' budget when there is one, else :data:`DEFAULT_TIMEOUT`).
+        context_window: The model's context window in tokens (``None``: from the table
+            of known models, then learned from the provider's context-length errors).
+        schema_enforced: Whether the provider holds every reply to the reply schema
+            (``None``: as the provider declares). Where it does not, a streamed answer
+            is held until the reply can no longer contradict it.
     """
 
     max_wait: float = DEFAULT_MAX_WAIT
@@ -100,6 +110,9 @@ class Options:
     token_estimator: TokenEstimator | None = None
     prices: Price | Mapping[str, Price] | None = None
     on_event: EventHook | None = None
+    timeout: float | None = None
+    context_window: int | None = None
+    schema_enforced: bool | None = None
 
     def __post_init__(self) -> None:
         check_seconds("max_wait", self.max_wait)
@@ -111,6 +124,8 @@ class Options:
         check_int("max_output_tokens", self.max_output_tokens, optional=True)
         check_int("expected_output_tokens", self.expected_output_tokens, optional=True)
         check_callable("on_event", self.on_event)
+        check_seconds("timeout", self.timeout, positive=True, optional=True)
+        check_int("context_window", self.context_window, optional=True)
         _check_kinds(self)
 
     def replace(self, **changes: Any) -> Options:
@@ -123,6 +138,10 @@ def _check_kinds(options: Options) -> None:
         value = getattr(options, name)
         if not isinstance(value, bool):
             raise ConfigurationError(f"{name} must be True or False, got {value!r}")
+    if options.schema_enforced is not None and not isinstance(options.schema_enforced, bool):
+        raise ConfigurationError(
+            f"schema_enforced must be True, False or None, got {options.schema_enforced!r}"
+        )
     estimator = options.token_estimator
     if estimator is not None and not callable(getattr(estimator, "count", None)):
         raise ConfigurationError(
