@@ -4,6 +4,8 @@ on virtual time, calls arriving every 10 ms."""
 
 from __future__ import annotations
 
+import math
+
 import json
 from typing import Any, Literal
 
@@ -54,8 +56,12 @@ async def run(
 
     async def one(n: int) -> None:
         start = anyio.current_time()
-        await tag(f"ticket {n}: something is wrong with my account")
-        latencies.append(anyio.current_time() - start)
+        try:
+            await tag(f"ticket {n}: something is wrong with my account")
+        except coalesce.RequestTimeoutError:  # freed at its deadline: counted as late
+            latencies.append(math.inf)
+        else:
+            latencies.append(anyio.current_time() - start)
 
     async with anyio.create_task_group() as tg:
         for n in range(calls):
@@ -79,9 +85,17 @@ async def test_tighter_budgets_give_smaller_groups() -> None:
 
 
 async def test_an_unmeetable_budget_is_reported_not_silently_missed() -> None:
-    _sim, stats, _latencies = await run(0.2, calls=20)
+    _sim, stats, latencies = await run(0.2, calls=20)
     assert stats.batches_by_reason["solo"] == 20
     assert stats.mean_batch_size == 1
+    # Nobody waits past the budget: each caller is freed at its deadline, with an error.
+    assert latencies == [math.inf] * 20
+
+
+async def test_an_explicit_timeout_lets_calls_outlive_their_budget() -> None:
+    _sim, stats, latencies = await run(0.2, calls=5, timeout=10.0)
+    assert stats.batches_by_reason["solo"] == 5
+    assert all(0.2 < t < 10.0 for t in latencies), latencies
 
 
 async def test_per_call_budget_override() -> None:
@@ -93,7 +107,7 @@ async def test_per_call_budget_override() -> None:
     async def tag(ticket: str) -> Tag:
         """Tag the support ticket."""
 
-    with coalesce.latency_budget(0.2):
+    with coalesce.latency_budget(0.2), pytest.raises(coalesce.RequestTimeoutError, match="0.2 s"):
         await tag("urgent")
     assert tag.batcher_statistics().batches_by_reason["solo"] == 1
     assert tag.statistics().unmeetable_budgets == 1
@@ -198,7 +212,11 @@ async def test_a_provider_that_cannot_stream_is_planned_as_whole_replies() -> No
         return json.dumps({"results": {i: {"label": "bug"} for i in ids}})
 
     @coalesce.prompt(
-        client=CallableProvider(answer), model="gpt-4o-mini", latency_budget=5.0, max_wait=0.5
+        client=CallableProvider(answer, structured=True),
+        model="gpt-4o-mini",
+        latency_budget=5.0,
+        max_wait=0.5,
+        schema_enforced=True,  # streamed answers would be handed over early...
     )
     async def tag(ticket: str) -> Tag:
         """Tag the support ticket."""

@@ -21,6 +21,7 @@ from coalesce import ConfigurationError, DispatchReason
 from coalesce._pricing import DEFAULT_PRICES, Price, cost, price_for
 from coalesce._prompt_stats import (
     CallEvent,
+    ContradictionEvent,
     DispatchEvent,
     Event,
     PromptRecorder,
@@ -161,11 +162,14 @@ def test_within_budget_counts_only_calls_answered_in_time() -> None:
 
 def test_requests_give_tokens_items_and_ttft() -> None:
     rec = recorder(prices=ROUND)
+    for items in (4, 2, 3):
+        rec.request_sent(items)
+    assert rec.snapshot().requests_in_flight == 3
     rec.request_finished(4, Usage(1000, 200, 100), shared_input_tokens=300, ttft=0.2, seconds=1.0)
     rec.request_finished(2, Usage(500, 100), shared_input_tokens=300, ttft=0.4, seconds=0.5)
     rec.request_finished(3, None, shared_input_tokens=300)  # the provider reported no usage
     stats = rec.snapshot()
-    assert stats.requests == 3
+    assert (stats.requests, stats.requests_in_flight) == (3, 0)
     assert stats.items_per_request == pytest.approx(3.0)
     assert (stats.input_tokens, stats.cached_input_tokens, stats.output_tokens) == (1500, 100, 300)
     assert stats.ttft_p50 == pytest.approx(0.3)
@@ -185,6 +189,8 @@ def test_one_request_per_item_pays_the_shared_tokens_per_item() -> None:
 
 def test_a_reask_costs_money_and_saves_nothing() -> None:
     rec = recorder(prices=ROUND)
+    rec.request_sent(4)
+    rec.request_sent(2, reask=True)
     rec.request_finished(4, Usage(1000, 0), shared_input_tokens=300)
     rec.request_finished(2, Usage(600, 0), shared_input_tokens=300, reask=True)
     stats = rec.snapshot()
@@ -227,6 +233,8 @@ def test_dispatches_failures_retries_and_unmeetable_budgets_are_counted() -> Non
     rec.dispatched(DispatchReason.WINDOW, 3)
     rec.dispatched(DispatchReason.FULL, 8)
     rec.dispatched("window", 2)
+    rec.request_sent(3)
+    rec.request_sent(1, reask=True)
     rec.request_failed(3, RuntimeError("503"), seconds=2.0)
     rec.request_failed(1, RuntimeError("503"), reask=True)
     rec.retried(1, 0.5, RuntimeError("429"))
@@ -234,7 +242,7 @@ def test_dispatches_failures_retries_and_unmeetable_budgets_are_counted() -> Non
     rec.unmeetable(predicted=2.5, budget=1.0)
     stats = rec.snapshot()
     assert stats.dispatch_reasons == {"window": 2, "full": 1}
-    assert (stats.requests, stats.requests_failed) == (0, 2)
+    assert (stats.requests, stats.requests_failed, stats.requests_in_flight) == (2, 2, 0)
     assert (stats.retries, stats.reasks, stats.unmeetable_budgets) == (2, 1, 1)
 
 
@@ -435,3 +443,15 @@ def test_the_statistics_page_describes_every_field() -> None:
     page = (Path(__file__).parent.parent / "docs" / "statistics.md").read_text()
     missing = [name for name in PromptStatistics._fields if f"`{name}`" not in page]
     assert missing == []
+
+
+def test_a_contradiction_is_counted_logged_and_sent_to_the_hook(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    events: list[Any] = []
+    rec = PromptRecorder("tag", "my-model", on_event=events.append, telemetry=False)
+    with caplog.at_level(logging.WARNING, logger="coalesce"):
+        rec.contradicted(("2", "5"))
+    assert rec.snapshot().contradictions == 2
+    assert events == [ContradictionEvent("tag", "my-model", ("2", "5"))]
+    assert "contradicted 2 answer(s)" in caplog.text

@@ -32,6 +32,7 @@ from ._pricing import DEFAULT_PRICES, Price, price_for
 from ._prompt import PromptFunction, prompt
 from ._prompt_stats import (
     CallEvent,
+    ContradictionEvent,
     DispatchEvent,
     Event,
     EventHook,
@@ -56,6 +57,7 @@ __all__ = [
     "BatcherClosedError",
     "BatcherStatistics",
     "CallEvent",
+    "ContradictionEvent",
     "CharacterEstimator",
     "CoalesceError",
     "CoalesceWarning",

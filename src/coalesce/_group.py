@@ -26,14 +26,16 @@ from typing import Any
 import anyio
 
 from ._batcher import Resolve
+from ._exceptions import RequestTimeoutError
 from ._planning.planner import streaming_order
 from ._planning.state import Planning
 from ._report import GroupObserver, Job, RequestReport
 from ._retry import complete_with_retries
 from ._settle import give_up_error, settle
-from ._spec import FunctionSpec, Options, keyed_replies
-from ._wire.jsonstream import Failed, Resolved, StreamSplitter
-from ._wire.outcomes import FailureKind, ItemFailure, failure_error
+from ._spec import DEFAULT_TIMEOUT, FunctionSpec, Options, keyed_replies
+from ._trust import SchemaTrust, schema_broken
+from ._wire.jsonstream import Resolved, StreamSplitter
+from ._wire.outcomes import FailureKind, ItemFailure, Split, failure_error
 from ._wire.packing import PackedRequest, pack_request, split_reply
 from ._wire.plain import has_plain_form, plain_request, split_plain, text_output
 from .providers import Completion, CompletionRequest
@@ -43,12 +45,17 @@ __all__ = ["Asked", "Group", "Sent", "build", "judge", "run_group", "send"]
 
 @dataclass(frozen=True)
 class Group:
-    """What every request of one engine's groups shares."""
+    """What every request of one engine's groups shares.
+
+    ``trust`` says whether streamed answers may be handed over before their reply
+    ends (see :mod:`coalesce._trust`); without one, they are held.
+    """
 
     spec: FunctionSpec
     options: Options
     observer: GroupObserver
     planning: Planning | None = None
+    trust: SchemaTrust = field(default_factory=lambda: SchemaTrust(False))
 
 
 @dataclass
@@ -72,8 +79,10 @@ class Sent:
     streamed: bool = False
     error: BaseException | None = None
     error_headers: Mapping[str, str] = field(default_factory=dict)
-    early: dict[str, Any] = field(default_factory=dict)  # per id, decided while streaming
+    early: dict[str, Any] = field(default_factory=dict)  # per id, delivered while streaming
     splitter: StreamSplitter[Any] | None = None
+    parts: list[str] = field(default_factory=list)  # the text that arrived, streamed
+    abandoned: bool = False  # every caller was freed at its deadline; the request stopped
 
 
 async def run_group(group: Group, jobs: list[Job], resolve: Resolve) -> None:
@@ -99,15 +108,19 @@ async def run_group(group: Group, jobs: list[Job], resolve: Resolve) -> None:
 async def ask(group: Group, jobs: list[Job], indexes: list[int], resolve: Resolve) -> list[int]:
     """Send one request for ``indexes``; settle what it answers; return what to re-ask."""
     asked = build(group, jobs, indexes)
+    group.observer.request_sent(
+        {i: [jobs[index] for index in members] for i, members in asked.slots.items()},
+        asked.reask,
+    )
     sent = await send(group, asked, resolve)
     if sent.error is not None and not sent.streamed:
         _report(group, asked, sent, {})
+        if all(jobs[index].done for index in indexes):
+            return []  # every caller was freed at its deadline
         raise sent.error  # nobody was answered: every caller gets the provider's own error
-    outcomes = judge(group, asked, sent)
-    _report(group, asked, sent, outcomes)
+    outcomes, split = judge(group, asked, sent)
+    _report(group, asked, sent, outcomes, split)
     return _apply(group, asked, sent, outcomes, resolve)
-
-
 def build(group: Group, jobs: list[Job], indexes: list[int]) -> Asked:
     """The request for the calls at ``indexes``: deduplicated, in writing order."""
     spec, options = group.spec, group.options
@@ -140,58 +153,119 @@ def build(group: Group, jobs: list[Job], indexes: list[int]) -> Asked:
 
 
 async def send(group: Group, asked: Asked, resolve: Resolve) -> Sent:
-    """Send ``asked`` with retries; while it streams, answer each caller whose output is
-    complete. A failure after some text arrived keeps what arrived (a cut reply)."""
-    provider = group.spec.provider
-    splitter = None if asked.plain else StreamSplitter(tuple(asked.slots), group.spec.validate)
+    """Send ``asked`` with retries, freeing each caller still waiting at its deadline
+    (unless an explicit ``timeout`` bounds the request instead).
+
+    While the reply streams from a provider trusted to enforce the reply schema, each
+    caller whose output is complete is answered at once; otherwise answers wait for
+    the reply's end (see :mod:`coalesce._trust`). A failure after some text arrived
+    keeps what arrived (a cut reply).
+    """
+    early = not asked.plain and group.trust.enforced
+    splitter = StreamSplitter(tuple(asked.slots), group.spec.validate) if early else None
     sent = Sent(Completion(text="", finish_reason="length"), splitter=splitter)
+    started = anyio.current_time()
+    async with anyio.create_task_group() as watch:
+        if math.isfinite(asked.deadline) and group.options.timeout is None:
+            watch.start_soon(_free_at_deadlines, asked, sent, resolve, watch.cancel_scope)
+        await _request(group, asked, sent, resolve)
+        watch.cancel_scope.cancel()
+    if sent.abandoned:
+        waited = anyio.current_time() - started
+        sent.error = RequestTimeoutError(
+            f"no reply {waited:.2f} s after the request was sent; every caller's latency"
+            " budget ran out, so the request was abandoned",
+            seconds=waited,
+        )
+        sent.completion = dataclasses.replace(sent.completion, seconds=waited)
+    return sent
+
+
+async def _request(group: Group, asked: Asked, sent: Sent, resolve: Resolve) -> None:
+    """The provider call of :func:`send`, with retries; fills in ``sent``."""
+    provider, options = group.spec.provider, group.options
 
     def on_text(delta: str) -> None:
         sent.streamed = True
-        for event in () if splitter is None else splitter.feed(delta):
+        sent.parts.append(delta)
+        for event in () if sent.splitter is None else sent.splitter.feed(delta):
             if isinstance(event, Resolved):
                 sent.early[event.id] = event.value
                 _deliver(asked, event.id, event.value, resolve)
-            elif isinstance(event, Failed):
-                sent.early[event.id] = event.failure
 
     started = anyio.current_time()
     try:
         sent.completion = await complete_with_retries(
             provider,
             asked.request,
-            on_text=on_text if group.options.stream else None,
+            on_text=on_text if options.stream else None,
             deadline=asked.deadline,
-            max_attempts=group.options.max_retries + 1,
+            attempt_timeout=_attempt_timeout(options, asked.deadline),
+            max_attempts=options.max_retries + 1,
             on_retry=group.observer.retrying,
         )
     except Exception as exc:
         sent.error = exc
         sent.error_headers = getattr(provider.advise(exc), "headers", {})
-        sent.completion = dataclasses.replace(
-            sent.completion, seconds=anyio.current_time() - started
+        sent.completion = Completion(
+            text="".join(sent.parts),
+            finish_reason="length",
+            seconds=anyio.current_time() - started,
         )
-    return sent
 
 
-def judge(group: Group, asked: Asked, sent: Sent) -> dict[str, Any]:
-    """Per id, the validated output or an :class:`ItemFailure`, once the reply is complete."""
+def _attempt_timeout(options: Options, deadline: float) -> float | None:
+    """How long one attempt may run: the ``timeout`` option; without one, a budget's
+    deadline bounds it (callers are freed then), else :data:`DEFAULT_TIMEOUT`."""
+    if options.timeout is not None:
+        return options.timeout
+    return None if math.isfinite(deadline) else DEFAULT_TIMEOUT
+
+
+async def _free_at_deadlines(
+    asked: Asked, sent: Sent, resolve: Resolve, request: anyio.CancelScope
+) -> None:
+    """Free each caller still waiting when its budget runs out; once none waits, stop
+    the request."""
+    jobs = [asked.jobs[index] for members in asked.slots.values() for index in members]
+    for deadline in sorted({job.deadline for job in jobs}):
+        await anyio.sleep_until(deadline)
+        now = anyio.current_time()  # a clock may round: compare deadlines, not times
+        for members in asked.slots.values():
+            for index in members:
+                job = asked.jobs[index]
+                if not job.done and job.deadline <= deadline:
+                    _give(asked.jobs, index, _timeout_error(job, now), resolve)
+        if all(job.done for job in jobs):
+            sent.abandoned = True
+            request.cancel()
+            return
+
+
+def _timeout_error(job: Job, now: float) -> RequestTimeoutError:
+    waited = now - job.arrival
+    return RequestTimeoutError(
+        f"no answer within the call's {job.budget:g} s latency budget (waited {waited:.2f} s);"
+        " the provider is slower than the budget allows: raise latency_budget=, or check"
+        " the provider",
+        seconds=waited,
+    )
+
+
+def judge(group: Group, asked: Asked, sent: Sent) -> tuple[dict[str, Any], Split[Any] | None]:
+    """Per id, the validated output or an :class:`ItemFailure`, once the reply is complete;
+    and the split of the complete reply (``None`` for a plain call)."""
     completion, validate = sent.completion, group.spec.validate
     if asked.plain:
-        split = split_plain(
+        plain = split_plain(
             completion.text, validate, truncated=completion.truncated, as_text=asked.text
         )
-        return {**split.values, **split.failures}
-    if not sent.streamed or sent.splitter is None:
-        split = split_reply(
-            completion.text, tuple(asked.slots), validate, truncated=completion.truncated
-        )
-        return {**split.values, **split.failures}
-    outcomes = dict(sent.early)
-    for event in sent.splitter.close(truncated=completion.truncated):
-        if isinstance(event, Failed):  # what the stream decided first stands
-            outcomes.setdefault(event.id, event.failure)
-    return outcomes
+        return {**plain.values, **plain.failures}, None
+    split = split_reply(
+        completion.text, tuple(asked.slots), validate, truncated=completion.truncated
+    )
+    # An answer already handed over stands; the complete reply only judges the rest.
+    return {**split.values, **split.failures, **sent.early}, split
 
 
 def _apply(
@@ -226,7 +300,13 @@ def _apply(
     return sorted(index for i in decided.reask for index in _undone(asked, i))
 
 
-def _report(group: Group, asked: Asked, sent: Sent, outcomes: Mapping[str, Any]) -> None:
+def _report(
+    group: Group,
+    asked: Asked,
+    sent: Sent,
+    outcomes: Mapping[str, Any],
+    split: Split[Any] | None = None,
+) -> None:
     jobs = asked.jobs
     completion = None if sent.error is not None and not sent.streamed else sent.completion
     report = RequestReport(
@@ -241,8 +321,20 @@ def _report(group: Group, asked: Asked, sent: Sent, outcomes: Mapping[str, Any])
         streamed=sent.streamed,
         seconds=sent.completion.seconds or 0.0,
         now=anyio.current_time(),
+        schema_broken=split is not None and schema_broken(split),
+        contradicted=_contradicted(sent, split),
     )
     group.observer.request_done(report)
+
+
+def _contradicted(sent: Sent, split: Split[Any] | None) -> tuple[str, ...]:
+    """Ids answered while streaming to which the complete reply gave another output."""
+    if split is None:
+        return ()
+    failures = split.failures
+    return tuple(
+        i for i in sent.early if i in failures and failures[i].kind is FailureKind.DUPLICATE
+    )
 
 
 def _undone(asked: Asked, item_id: str) -> list[int]:

@@ -7,7 +7,7 @@ planner, :class:`~coalesce._planning.state.Planning`, is the third listener.)
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -33,8 +33,14 @@ class StatisticsListener:
         self.recorder = recorder
         self.footprint = footprint
 
+    def request_sent(self, slots: Mapping[str, Sequence[Job]], reask: bool) -> None:
+        """Count a request as it is sent (so counts are exact while replies stream)."""
+        self.recorder.request_sent(len(slots), reask=reask)
+
     def request_done(self, report: RequestReport) -> None:
         """Record one request: its tokens and cost, or its failure."""
+        if report.contradicted:
+            self.recorder.contradicted(report.contradicted)
         if report.error is not None or report.completion is None:
             error = report.error or RuntimeError("no reply")
             self.recorder.request_failed(
@@ -85,6 +91,9 @@ class UsageShares:
     def forget(self, job: Job) -> None:
         """``job`` left before its group ran (cancelled, or refused): drop its event."""
         self._finished.pop(job, None)
+
+    def request_sent(self, slots: Mapping[str, Sequence[Job]], reask: bool) -> None:
+        """Nothing to charge before the reply."""
 
     def request_done(self, report: RequestReport) -> None:
         """Charge one reply to the calls it carried."""

@@ -25,6 +25,7 @@ from .providers import Usage
 
 __all__ = [
     "CallEvent",
+    "ContradictionEvent",
     "DispatchEvent",
     "Event",
     "EventHook",
@@ -151,8 +152,29 @@ class UnmeetableEvent:
     budget: float
 
 
+@dataclass(frozen=True)
+class ContradictionEvent:
+    """A streamed reply contradicted answers already handed to their callers.
+
+    Answers are streamed to callers only from providers that enforce the reply schema;
+    a reply that nevertheless wrote an id again with another output lands here, and
+    from then on the function holds each answer until its reply ends.
+
+    Attributes:
+        function: The decorated function's name.
+        model: The model name.
+        ids: The request's ids whose delivered answer the reply contradicted.
+    """
+
+    function: str
+    model: str
+    ids: tuple[str, ...]
+
+
 #: Anything passed to an ``on_event`` hook.
-Event = CallEvent | DispatchEvent | RequestEvent | RetryEvent | UnmeetableEvent
+Event = (
+    CallEvent | DispatchEvent | RequestEvent | RetryEvent | UnmeetableEvent | ContradictionEvent
+)
 #: An ``on_event`` hook: called synchronously; its exceptions are logged and ignored.
 EventHook = Callable[[Event], None]
 
@@ -194,11 +216,15 @@ class PromptStatistics(NamedTuple):
     ttft_p50: float
     #: 95th percentile time to first token.
     ttft_p95: float
-    #: Requests that got a reply (re-asks included, retries not counted twice).
+    #: Requests sent (re-asks included, retries not counted twice), counted as each
+    #: is sent: exact while replies stream. Their tokens and cost are added when each
+    #: reply ends.
     requests: int
     #: Requests that failed as a whole after their retries.
     requests_failed: int
-    #: Mean items per request that got a reply (NaN before any).
+    #: Requests sent whose reply has not ended yet.
+    requests_in_flight: int
+    #: Mean items per request sent (NaN before any).
     items_per_request: float
     #: Prompt tokens the provider reported, cached ones included.
     input_tokens: int
@@ -223,6 +249,10 @@ class PromptStatistics(NamedTuple):
     retries: int
     #: Items asked again after a reply missed or garbled their output.
     reasks: int
+    #: Answers already handed to their callers that the rest of a streamed reply
+    #: contradicted (see :class:`ContradictionEvent`); 0 unless a provider declared to
+    #: enforce the reply schema did not.
+    contradictions: int
     #: Exceptions raised by the ``on_event`` hook (logged, then ignored).
     hook_errors: int
 
@@ -271,6 +301,7 @@ class PromptRecorder:
         self._input = self._cached = self._output = self._input_baseline = 0
         self._cost = self._cost_baseline = 0.0
         self._retries = self._reasks = self._hook_errors = 0
+        self._in_flight = self._contradictions = 0
 
     def call_finished(
         self, latency: float, *, wait: float | None = None, budget: float | None = None, ok: bool
@@ -306,6 +337,31 @@ class PromptRecorder:
         if self._on_event is not None:
             self._emit(DispatchEvent(self.function, self.model, reason, items))
 
+    def request_sent(self, items: int, *, reask: bool = False) -> None:
+        """Count one request of ``items`` items as it is sent.
+
+        Args:
+            items: Items in its prompt.
+            reask: Whether it asks again for items an earlier reply failed.
+        """
+        self._requests += 1
+        self._items += items
+        self._in_flight += 1
+        self._reasks += items if reask else 0
+
+    def contradicted(self, ids: tuple[str, ...]) -> None:
+        """Record delivered answers that the rest of their streamed reply contradicted."""
+        self._contradictions += len(ids)
+        logger.warning(
+            "%s: a streamed reply contradicted %d answer(s) already delivered (ids %s);"
+            " answers are now held until each reply ends",
+            self.function,
+            len(ids),
+            ", ".join(ids),
+        )
+        if self._on_event is not None:
+            self._emit(ContradictionEvent(self.function, self.model, ids))
+
     def request_finished(
         self,
         items: int,
@@ -319,7 +375,7 @@ class PromptRecorder:
         seconds: float | None = None,
         reask: bool = False,
     ) -> None:
-        """Record one request that got a reply.
+        """Record the reply of one request (counted by :meth:`request_sent`).
 
         Args:
             items: Items in its prompt.
@@ -339,9 +395,7 @@ class PromptRecorder:
             seconds: Seconds from sending to the end of the reply.
             reask: Whether it asked again for items an earlier reply failed.
         """
-        self._requests += 1
-        self._items += items
-        self._reasks += items if reask else 0
+        self._in_flight = max(0, self._in_flight - 1)
         if ttft is not None:
             self._ttft.extend((ttft,))
         plain = (
@@ -370,7 +424,7 @@ class PromptRecorder:
             reask: Whether it asked again for items an earlier reply failed.
         """
         self._requests_failed += 1
-        self._reasks += items if reask else 0
+        self._in_flight = max(0, self._in_flight - 1)
         if self._otel is not None:
             self._otel.request_failed(reask)
         if self._on_event is not None:
@@ -419,6 +473,7 @@ class PromptRecorder:
             ttft_p95=ttft[1],
             requests=self._requests,
             requests_failed=self._requests_failed,
+            requests_in_flight=self._in_flight,
             items_per_request=self._items / self._requests if self._requests else math.nan,
             input_tokens=self._input,
             cached_input_tokens=self._cached,
@@ -430,6 +485,7 @@ class PromptRecorder:
             dispatch_reasons=MappingProxyType(dict(self._reasons)),
             retries=self._retries,
             reasks=self._reasks,
+            contradictions=self._contradictions,
             hook_errors=self._hook_errors,
         )
 

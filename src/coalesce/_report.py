@@ -74,6 +74,10 @@ class RequestReport:
         streamed: Some text of the reply arrived as a stream.
         seconds: From sending to the reply's end (or the failure).
         now: When the report was written.
+        schema_broken: The reply broke the reply schema (an id twice with differing
+            outputs, an id missing from a complete reply, an id not asked for).
+        contradicted: Ids answered while the reply streamed that the complete reply
+            contradicts (the same id again with another output).
     """
 
     slots: Mapping[str, Sequence[Job]]
@@ -87,6 +91,8 @@ class RequestReport:
     streamed: bool
     seconds: float
     now: float
+    schema_broken: bool = False
+    contradicted: tuple[str, ...] = ()
 
     @property
     def items(self) -> int:
@@ -111,6 +117,9 @@ class Retry:
 class GroupObserver(Protocol):
     """Listens to one engine's groups. Every method is synchronous and cheap."""
 
+    def request_sent(self, slots: Mapping[str, Sequence[Job]], reask: bool) -> None:
+        """A request carrying ``slots`` (the calls, by id) is being sent."""
+
     def request_done(self, report: RequestReport) -> None:
         """One request finished or failed (after its retries)."""
 
@@ -126,6 +135,10 @@ class Observers:
 
     def __init__(self, *observers: GroupObserver) -> None:
         self._observers = observers
+
+    def request_sent(self, slots: Mapping[str, Sequence[Job]], reask: bool) -> None:
+        for observer in self._observers:
+            observer.request_sent(slots, reask)
 
     def request_done(self, report: RequestReport) -> None:
         for observer in self._observers:

@@ -12,6 +12,7 @@ a partial reply, and a second answer would be appended to the first.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from tenacity import AsyncRetrying, RetryCallState
 
-from ._exceptions import ConfigurationError
+from ._exceptions import ConfigurationError, RequestTimeoutError
 from ._report import Retry
 from .providers._base import RetryAdvice
 
@@ -114,8 +115,10 @@ class _Attempts:
             return False
         if state.attempt_number >= self.max_attempts:
             return False
-        if isinstance(error, _AttemptTimeout):
-            advice = RetryAdvice(retry=True)
+        if isinstance(error, RequestTimeoutError):
+            # Worth another attempt only if a deadline says how long to keep trying;
+            # without one, the timeout is the longest its callers wait.
+            advice = RetryAdvice(retry=self.deadline is not None and math.isfinite(self.deadline))
         else:
             advice = self.provider.advise(error)
         unit = self.rng.random()
@@ -157,14 +160,15 @@ async def complete_with_retries(
             must start: a retry whose wait would reach it is not made (the last error
             is re-raised). An attempt already running is not cut off by it.
         attempt_timeout: Cancel an attempt after this many seconds; that counts as a
-            retryable failure (``TimeoutError``).
+            retryable failure while a finite ``deadline`` leaves time for another
+            attempt (:class:`~coalesce.RequestTimeoutError`).
         on_retry: Called before each wait with the failed attempt (counts retries).
         rng: The jitter's random source (seed it for reproducible waits).
         sleep: The sleep function (``anyio.sleep``).
 
     Raises:
         ConfigurationError: ``max_attempts`` below 1 or a non-positive ``attempt_timeout``.
-        TimeoutError: The last attempt outlasted ``attempt_timeout``.
+        RequestTimeoutError: The last attempt outlasted ``attempt_timeout``.
         Exception: The provider's own exception from the last attempt, unchanged.
     """
     if max_attempts < 1:
@@ -198,8 +202,9 @@ async def _attempt(
     # of the request. A hard stop is the client's own timeout (or attempt_timeout).
     with anyio.move_on_after(attempt_timeout):
         return await provider.complete(request, on_text)
-    raise _AttemptTimeout(f"the provider request took longer than {attempt_timeout} s")
-
-
-class _AttemptTimeout(TimeoutError):
-    """One attempt outlasted ``attempt_timeout``; worth retrying."""
+    assert attempt_timeout is not None
+    raise RequestTimeoutError(
+        f"no reply from the provider within the {attempt_timeout:g} s timeout;"
+        " raise timeout= if the provider is slow, or check that it is up",
+        seconds=attempt_timeout,
+    )

@@ -100,8 +100,13 @@ class Planning:
 
     # -- what it learns (a GroupObserver) -------------------------------------------
 
+    def request_sent(self, slots: Mapping[str, Sequence[Job]], reask: bool) -> None:
+        """Nothing to learn before the reply."""
+
     def request_done(self, report: RequestReport) -> None:
         """Learn from one request: quotas, whether replies stream, latency, output sizes."""
+        if report.schema_broken or report.contradicted:
+            self.replies_arrive_whole()  # answers are held for the reply's end from now on
         if report.error_headers:
             self.read_quota(report.error_headers, report.now)
         completion = report.completion

@@ -61,6 +61,9 @@ class AnthropicProvider:
         client: The SDK client.
         default_max_tokens: ``max_tokens`` when the request sets no cap.
         name: The provider's name in statistics.
+        enforces_schema: Whether replies are held to the tool's schema. Default
+            ``False``: a forced tool's input is not guaranteed to follow its schema,
+            so streamed answers are held until the reply ends.
     """
 
     structured = True
@@ -75,8 +78,10 @@ class AnthropicProvider:
         *,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         name: str = "anthropic",
+        enforces_schema: bool = False,
     ) -> None:
         self.name = name
+        self.enforces_schema = enforces_schema
         self.default_max_tokens = default_max_tokens
         self._client = client.with_options(max_retries=0)
 

@@ -119,6 +119,10 @@ class Provider(Protocol):
     # does), so a key repeated by the model is lost; such requests then ask for wire
     # format 1 (a list of results). Not part of the protocol, so older providers still
     # match it; absent means false.
+    # Optional: ``enforces_schema = True`` says that every reply follows
+    # ``reply_schema`` (strict structured outputs, a grammar): an id is never written
+    # twice, so a streamed answer can be handed over the moment it is complete. Absent
+    # means false: answers are held until the reply ends.
 
     async def complete(
         self, request: CompletionRequest, on_text: Callable[[str], None] | None = None

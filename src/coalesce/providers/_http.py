@@ -284,6 +284,10 @@ class OpenAICompatibleProvider:
         http_client: An ``httpx.AsyncClient`` to use (it stays yours to close);
             ``None`` makes one, closed by :meth:`aclose`.
         name: The provider's name in statistics.
+        enforces_schema: Whether the server holds every reply to the schema (a
+            grammar, strict structured outputs). Default ``False``: many servers accept
+            ``response_format`` and ignore it, so streamed answers are held until the
+            reply ends.
 
     Raises on :meth:`complete`:
         httpx.HTTPStatusError: A non-2xx answer; the message carries the body.
@@ -301,9 +305,11 @@ class OpenAICompatibleProvider:
         headers: Mapping[str, str] | None = None,
         http_client: httpx.AsyncClient | None = None,
         name: str = "openai-compatible",
+        enforces_schema: bool = False,
     ) -> None:
         self.name = name
         self.structured = structured
+        self.enforces_schema = enforces_schema
         self.url = chat_url(base_url)
         self._headers = dict(headers or {})
         if api_key is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from ._base import Completion, CompletionRequest, RetryAdvice, Usage
 from ._http import (
@@ -27,6 +28,16 @@ if TYPE_CHECKING:
 __all__ = ["OpenAIProvider"]
 
 
+#: Hosts that enforce a strict ``json_schema`` response format (structured outputs).
+_ENFORCING_HOSTS = ("api.openai.com",)
+_ENFORCING_SUFFIXES = (".openai.azure.com",)
+
+
+def _enforcing_host(base_url: str) -> bool:
+    host = urlsplit(base_url).hostname or ""
+    return host in _ENFORCING_HOSTS or host.endswith(_ENFORCING_SUFFIXES)
+
+
 class OpenAIProvider:
     """Chat completions through an ``openai.AsyncOpenAI`` client.
 
@@ -39,16 +50,29 @@ class OpenAIProvider:
         strict: Ask for strict structured outputs (the reply schema goes through
             ``strict_openai_schema``); set false for schemas strict mode cannot express.
         name: The provider's name in statistics.
+        enforces_schema: Whether the server holds every reply to the schema; ``None``:
+            only OpenAI's own API (``api.openai.com``, Azure OpenAI) with ``strict``
+            schemas is taken to. Servers that merely accept ``response_format`` (many
+            OpenAI-compatible ones) may write an id twice; streamed answers from them
+            are held until the reply ends.
     """
 
     structured = True
 
     def __init__(
-        self, client: openai.AsyncOpenAI, *, strict: bool = True, name: str = "openai"
+        self,
+        client: openai.AsyncOpenAI,
+        *,
+        strict: bool = True,
+        name: str = "openai",
+        enforces_schema: bool | None = None,
     ) -> None:
         self.name = name
         self.strict = strict
         self._client = client.with_options(max_retries=0)
+        if enforces_schema is None:
+            enforces_schema = strict and _enforcing_host(str(client.base_url))
+        self.enforces_schema = enforces_schema
 
     async def complete(
         self, request: CompletionRequest, on_text: Callable[[str], None] | None = None
