@@ -1,0 +1,160 @@
+"""A provider that never answers frees its callers in time (issue 12, point 3).
+
+On virtual time, on asyncio and trio: with a latency budget each caller is freed at
+its own deadline; with ``timeout=`` each attempt is cut off after it (and retried
+while a budget leaves room); with neither, after :data:`DEFAULT_TIMEOUT`. Over real
+HTTP the simulated provider's ``hang`` fault shows the same through the openai SDK.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import pytest
+from pydantic import BaseModel
+
+import coalesce
+from coalesce._spec import DEFAULT_TIMEOUT
+from coalesce.providers import Completion, CompletionRequest, RetryAdvice, Usage
+from coalesce.testing import SimulatedProvider
+
+pytestmark = pytest.mark.anyio
+
+
+class Label(BaseModel):
+    label: str
+
+
+class Hanging:
+    """Never answers its first ``hangs`` requests (``-1``: never answers at all); then
+    answers every item with its own text after 0.1 s."""
+
+    name = "hanging"
+    structured = True
+
+    def __init__(self, hangs: int = -1) -> None:
+        self.hangs = hangs
+        self.requests = 0
+        self.cancelled = 0
+
+    async def complete(
+        self, request: CompletionRequest, on_text: Callable[[str], None] | None = None
+    ) -> Completion:
+        self.requests += 1
+        if self.hangs < 0 or self.requests <= self.hangs:
+            try:
+                await anyio.sleep_forever()
+            finally:
+                self.cancelled += 1
+        await anyio.sleep(0.1)
+        if not request.user.startswith("["):
+            return Completion(json.dumps({"label": request.user.strip('"')}), "stop")
+        items = json.loads(request.user)
+        results = {i["id"]: {"label": i["input"]} for i in items}
+        return Completion(json.dumps({"results": results}), "stop", usage=Usage(10, 10))
+
+    def advise(self, error: BaseException) -> RetryAdvice:
+        return RetryAdvice(retry=False)
+
+
+def tagger(provider: Any, **options: Any) -> Any:
+    @coalesce.prompt(client=provider, model="m", max_wait=0.05, **options)
+    async def tag(text: str) -> Label:
+        """Label the text with itself."""
+
+    return tag
+
+
+async def freed_after(tag: Any, texts: list[str], spacing: float = 0.0) -> list[Any]:
+    """Per call: (seconds until it returned, its result or exception)."""
+    out: list[Any] = [None] * len(texts)
+
+    async def one(n: int) -> None:
+        start = anyio.current_time()
+        try:
+            result: Any = (await tag(texts[n])).label
+        except Exception as exc:
+            result = exc
+        out[n] = (anyio.current_time() - start, result)
+
+    async with anyio.create_task_group() as tg:
+        for n in range(len(texts)):
+            tg.start_soon(one, n)
+            await anyio.sleep(spacing)
+    return out
+
+
+async def test_with_a_budget_each_caller_is_freed_at_its_own_deadline() -> None:
+    provider = Hanging()
+    tag = tagger(provider, latency_budget=1.0)
+    out = await freed_after(tag, [f"t{n}" for n in range(6)], spacing=0.02)
+    for seconds, result in out:
+        assert isinstance(result, coalesce.RequestTimeoutError)
+        assert isinstance(result, TimeoutError)
+        assert "1 s latency budget" in str(result)
+        assert seconds <= 1.0 + 0.1
+    assert provider.cancelled == provider.requests  # nobody waits: the requests stopped
+    stats = tag.statistics()
+    assert stats.calls_failed == 6
+    assert stats.requests_in_flight == 0
+
+
+async def test_without_a_budget_the_timeout_frees_the_callers() -> None:
+    tag = tagger(Hanging(), timeout=2.0)
+    out = await freed_after(tag, ["a", "b", "c"])
+    for seconds, result in out:
+        assert isinstance(result, coalesce.RequestTimeoutError)
+        assert "2 s timeout" in str(result)
+        assert seconds <= 2.0 + 0.1  # the window's 0.05 s, then the 2 s timeout
+
+
+async def test_without_budget_or_timeout_the_default_timeout_applies() -> None:
+    out = await freed_after(tagger(Hanging()), ["a", "b"])
+    for seconds, result in out:
+        assert isinstance(result, coalesce.RequestTimeoutError)
+        assert DEFAULT_TIMEOUT <= seconds <= DEFAULT_TIMEOUT + 0.1
+
+
+async def test_a_timed_out_attempt_is_retried_while_the_budget_allows() -> None:
+    provider = Hanging(hangs=1)
+    tag = tagger(provider, latency_budget=5.0, timeout=0.5)
+    out = await freed_after(tag, ["a", "b", "c"])
+    assert [result for _, result in out] == ["a", "b", "c"]
+    assert all(seconds < 1.0 for seconds, _ in out)  # 0.05 + 0.5 + backoff + 0.1
+    assert provider.requests == 2
+
+
+async def test_a_caller_that_was_answered_keeps_its_answer_when_the_rest_time_out() -> None:
+    provider = Hanging(hangs=0)
+    tag = tagger(provider, latency_budget=10.0)
+    assert (await tag("early")).label == "early"
+    provider.hangs = 99  # from now on it hangs
+    out = await freed_after(tag, ["late"])
+    assert isinstance(out[0][1], coalesce.RequestTimeoutError)
+
+
+async def test_a_timeout_must_be_positive() -> None:
+    with pytest.raises(coalesce.ConfigurationError, match="timeout"):
+        tagger(Hanging(), timeout=0)
+
+
+class TestOverHTTP:
+    """The simulated provider's ``hang`` fault, through the openai SDK over real HTTP.
+
+    Real time (the server runs in a thread): only what each caller gets is asserted.
+    """
+
+    @pytest.fixture
+    def anyio_backend(self, real_time_backend: tuple[str, dict[str, Any]]) -> Any:
+        return real_time_backend
+
+    async def test_a_hung_server_frees_its_callers_with_a_timeout_error(self) -> None:
+        sim = SimulatedProvider(time_scale=0.01)
+        sim.inject("hang", "hang", "hang")
+        with sim.serve() as url:
+            tag = tagger(sim.openai_client(url, max_retries=0), latency_budget=0.3)
+            out = await freed_after(tag, ["a", "b", "c"])
+        assert all(isinstance(result, coalesce.RequestTimeoutError) for _, result in out)
