@@ -27,6 +27,7 @@ import anyio
 
 from ._batcher import Resolve
 from ._exceptions import RequestTimeoutError
+from ._planning.context import is_context_error
 from ._planning.planner import streaming_order
 from ._planning.state import Planning
 from ._report import GroupObserver, Job, RequestReport
@@ -115,9 +116,12 @@ async def ask(group: Group, jobs: list[Job], indexes: list[int], resolve: Resolv
     sent = await send(group, asked, resolve)
     if sent.error is not None and not sent.streamed:
         _report(group, asked, sent, {})
-        if all(jobs[index].done for index in indexes):
-            return []  # every caller was freed at its deadline
-        raise sent.error  # nobody was answered: every caller gets the provider's own error
+        if len(asked.slots) > 1 and is_context_error(sent.error):
+            return indexes  # too long for the model together: asked again in halves
+        for index in indexes:  # the provider's own error, to this request's callers only
+            if not jobs[index].done:
+                _give(jobs, index, sent.error, resolve)
+        return []
     outcomes, split = judge(group, asked, sent)
     _report(group, asked, sent, outcomes, split)
     return _apply(group, asked, sent, outcomes, resolve)
