@@ -17,7 +17,13 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 import coalesce
 from coalesce._listeners import apportion, split_usage
 from coalesce._wrap import wrap
-from coalesce._wrap.plan import anthropic_plan, coalesce_headers, openai_plan
+from coalesce._wrap.plan import (
+    HEADERS,
+    CallHeaders,
+    anthropic_plan,
+    coalesce_headers,
+    openai_plan,
+)
 from coalesce.testing import FaultPlan, SimulatedProvider
 
 TEXT = {"type": "string"}
@@ -189,14 +195,54 @@ def test_anthropic_passthrough(extra: dict[str, Any]) -> None:
 
 def test_coalesce_headers_strip_coalesce_headers() -> None:
     kwargs = {"model": "m", "extra_headers": {"X-Coalesce-Budget": "0.5", "x-other": "1"}}
-    cleaned, switch, budget = coalesce_headers(kwargs)
+    cleaned, headers = coalesce_headers(kwargs)
     assert cleaned == {"model": "m", "extra_headers": {"x-other": "1"}}
-    assert (switch, budget) == (None, 0.5)
-    cleaned, switch, budget = coalesce_headers(
-        {"model": "m", "extra_headers": {"x-coalesce": "OFF"}}
+    assert headers == CallHeaders(coalesce=True, budget=0.5, partition=None)
+    cleaned, headers = coalesce_headers({"model": "m", "extra_headers": {"x-coalesce": "OFF"}})
+    assert (cleaned, headers) == ({"model": "m"}, CallHeaders(coalesce=False))
+    cleaned, headers = coalesce_headers(
+        {"model": "m", "extra_headers": {"x-coalesce": " on ", "x-coalesce-partition": "t1"}}
     )
-    assert (cleaned, switch, budget) == ({"model": "m"}, "off", None)
-    assert coalesce_headers({"model": "m"}) == ({"model": "m"}, None, None)
+    assert (cleaned, headers) == ({"model": "m"}, CallHeaders(partition="t1"))
+    assert coalesce_headers({"model": "m"}) == ({"model": "m"}, CallHeaders())
+    # Not ours: left in place, untouched.
+    mine = {"model": "m", "extra_headers": {"x-coalescence": "1"}}
+    assert coalesce_headers(mine) == (mine, CallHeaders())
+    assert coalesce_headers({"extra_headers": {"x-coalesce-budget": 2}})[1].budget == 2.0
+    omitted = {"x-coalesce-budget": openai.omit}
+    assert coalesce_headers({"extra_headers": omitted}) == ({}, CallHeaders())
+
+
+@pytest.mark.parametrize(
+    ("headers", "named", "valid"),
+    [
+        ({"x-coalesce-budget": "abc"}, "x-coalesce-budget", "positive, finite number"),
+        ({"x-coalesce-budget": "-1"}, "x-coalesce-budget", "positive, finite number"),
+        ({"x-coalesce-budget": "0"}, "x-coalesce-budget", "positive, finite number"),
+        ({"x-coalesce-budget": "nan"}, "x-coalesce-budget", "positive, finite number"),
+        ({"x-coalesce-budget": "inf"}, "x-coalesce-budget", "positive, finite number"),
+        ({"x-coalesce-budget": ""}, "x-coalesce-budget", "positive, finite number"),
+        ({"x-coalesce-budget": True}, "x-coalesce-budget", "positive, finite number"),
+        ({"x-coalesce-budget": [1]}, "x-coalesce-budget", "positive, finite number"),
+        ({"x-coalesce-budget": 10**400}, "x-coalesce-budget", "positive, finite number"),
+        ({"x-coalesce": "no"}, "x-coalesce", "'on' or 'off'"),
+        ({"x-coalesce": False}, "x-coalesce", "'on' or 'off'"),
+        ({"x-coalesce-partition": ""}, "x-coalesce-partition", "non-empty string"),
+        ({"x-coalesce-partition": 7}, "x-coalesce-partition", "non-empty string"),
+        ({"x-coalesce-budjet": "1"}, "x-coalesce-budjet", "x-coalesce-budget"),
+        ({"x-coalesce-budget": "1", "X-Coalesce-Budget": "2"}, "given twice", "give it once"),
+    ],
+)
+def test_invalid_coalesce_headers_name_the_header_the_value_and_what_is_valid(
+    headers: dict[str, Any], named: str, valid: str
+) -> None:
+    with pytest.raises(coalesce.ConfigurationError) as caught:
+        coalesce_headers({"model": "m", "extra_headers": headers})
+    message = str(caught.value)
+    assert named in message
+    assert valid in message
+    if named in HEADERS:  # a known header: its value is shown too
+        assert repr(next(iter(headers.values()))) in message
 
 
 def test_apportion_sums_exactly() -> None:
@@ -219,6 +265,59 @@ def test_split_usage_shares_the_common_prompt() -> None:
 def test_wrap_rejects_other_clients() -> None:
     with pytest.raises(coalesce.ConfigurationError):
         wrap(object())
+    raw = SimulatedProvider().openai_client()
+    with pytest.raises(coalesce.ConfigurationError, match=r"already wrapped by coalesce\.wrap"):
+        wrap(wrap(raw))
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ({"timeout": 0}, "timeout must be a finite number of seconds > 0 or None, got 0"),
+        ({"timeout": "5"}, "timeout must be a finite number of seconds > 0 or None, got '5'"),
+        ({"context_window": 0}, "context_window must be an integer >= 1 or None, got 0"),
+        ({"schema_enforced": "yes"}, "schema_enforced must be True, False or None, got 'yes'"),
+        ({"partition": "user"}, "partition must be a callable or None, got 'user'"),
+        ({"max_items": 0}, "max_items must be an integer >= 1, got 0"),
+    ],
+)
+def test_wrap_refuses_bad_options_at_once(option: dict[str, Any], message: str) -> None:
+    raw = SimulatedProvider().openai_client()
+    with pytest.raises(coalesce.ConfigurationError) as caught:
+        wrap(raw, **option)
+    assert str(caught.value) == message
+
+
+def test_a_misspelt_option_fails_at_wrap_time_naming_it() -> None:
+    raw = SimulatedProvider().openai_client()
+    with pytest.raises(TypeError, match="max_item"):
+        wrap(raw, **cast(Any, {"max_item": 8}))
+
+
+@pytest.mark.anyio
+async def test_timeout_context_window_and_schema_enforcement_reach_the_engine() -> None:
+    sim = SimulatedProvider()
+    raw = sim.anthropic_client(max_retries=0)
+    async with wrap(
+        raw, max_wait=0.0, timeout=7.5, context_window=50_000, schema_enforced=True
+    ) as client:
+        await client.messages.create(**msg("x"))
+        plan = anthropic_plan(msg("x"))
+        assert plan is not None
+        engine = cast(Any, client)._engines.engine(plan)
+    chosen = engine.options
+    assert (chosen.timeout, chosen.context_window, chosen.schema_enforced) == (7.5, 50_000, True)
+
+
+@pytest.mark.anyio
+async def test_timeout_frees_the_callers_of_a_provider_that_never_answers() -> None:
+    sim = SimulatedProvider()
+    sim.inject("hang")
+    async with wrap(sim.openai_client(), max_wait=0.0, max_retries=0, timeout=2.0) as client:
+        start = anyio.current_time()
+        with pytest.raises(coalesce.RequestTimeoutError, match="2 s timeout"):
+            await client.chat.completions.create(**chat("x"))
+        assert 2.0 <= anyio.current_time() - start < 2.1
 
 
 # -- in process, virtual time ---------------------------------------------------------
@@ -282,7 +381,7 @@ async def test_a_lone_structured_call_is_sent_plain_and_charged_in_full() -> Non
     rf = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": SCHEMA}}
     async with wrap(sim.openai_client(max_retries=0), max_wait=0.0) as client:
         reply = await client.chat.completions.create(**chat("mail 1", response_format=rf))
-        stats = client.statistics()["gpt-4o-mini"]
+        stats = cast(coalesce.CoalescedClient, client).statistics()["gpt-4o-mini"]
     assert json.loads(reply.choices[0].message.content or "") == sim.expected_output(
         "mail 1", SCHEMA
     )
@@ -400,9 +499,10 @@ async def test_budget_header_and_context_manager() -> None:
             return anyio.current_time() - start
 
         assert await took() > 5.0  # a lone call waits out max_wait for company
-        assert await took(extra_headers={"x-coalesce-budget": "0.5"}) < 1.0
-        with coalesce.latency_budget(0.5):
-            assert await took() < 1.0
+        # A 3 s budget (the provider answers in about 0.5 s) cuts the wait short.
+        assert await took(extra_headers={"x-coalesce-budget": "3"}) <= 3.0
+        with coalesce.latency_budget(3):
+            assert await took() <= 3.0
     assert len(sim.requests) == 3
 
 
@@ -496,7 +596,7 @@ async def test_injected_faults_never_give_a_streaming_caller_a_wrong_answer() ->
         return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
 
     answers = await settle_all(200, one)
-    await client.aclose()
+    await client.close()
     assert_none_wrong(sim, answers)
     assert sum(isinstance(a, Exception) for a in answers) <= 2
 
@@ -583,7 +683,10 @@ class TestOverHTTP:
 async def test_openai_streaming_callers_get_their_own_chunks_before_the_reply_ends() -> None:
     sim = SimulatedProvider()
     opened: dict[int, float] = {}
-    async with wrap(sim.openai_client(max_retries=0), max_items=6) as client:
+    # The simulator holds replies to the schema; a server not known to do so gets its
+    # streamed answers held until the reply can no longer contradict them.
+    raw = sim.openai_client(max_retries=0)
+    async with wrap(raw, max_items=6, schema_enforced=True) as client:
 
         async def one(i: int) -> list[ChatCompletionChunk]:
             stream = await client.chat.completions.create(
@@ -679,10 +782,10 @@ async def test_wrapped_client_statistics_per_model() -> None:
     )
     client = cast(coalesce.CoalescedClient, wrapped)
     assert client.statistics() == {}
-    long = {"role": "system", "content": " ".join(["Answer with care."] * 100)}
+    long: Any = {"role": "system", "content": " ".join(["Answer with care."] * 100)}
 
     def ask(i: int) -> Any:
-        user = {"role": "user", "content": f"q{i}"}
+        user: Any = {"role": "user", "content": f"q{i}"}
         return wrapped.chat.completions.create(model="gpt-4o-mini", messages=[long, user])
 
     await gather(10, ask)

@@ -7,12 +7,15 @@ one engine per kind of call (same model, instructions and options); its caller g
 a genuine SDK response (:mod:`coalesce._wrap.replies`) whose content is its own answer
 and whose usage is its share, charged by the engine's
 :class:`~coalesce._listeners.UsageShares` listener. Anything else goes to the real
-client.
+client. Calls in different partitions (:func:`partition_key`: the client's
+``partition=`` function and the call's ``x-coalesce-partition`` header) never share a
+request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
+from types import MappingProxyType
 from typing import Any, TypeVar, cast
 
 import anyio
@@ -26,15 +29,18 @@ from .._pricing import Price
 from .._prompt_stats import EventHook, PromptRecorder, PromptStatistics
 from .._report import Job
 from .._spec import DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_ITEMS, DEFAULT_MAX_WAIT, FunctionSpec, Options
+from .._validate import check_callable
 from ..providers import AnthropicProvider, OpenAIProvider, Provider
 from .plan import Plan, anthropic_plan, coalesce_headers, given_arguments, openai_plan
 from .replies import anthropic_response, anthropic_stream, openai_response, openai_stream
 
-__all__ = ["CoalescedClient", "wrap"]
+__all__ = ["CoalescedClient", "Partition", "partition_key", "wrap"]
 
 C = TypeVar("C")
 Respond = Callable[[Any, Job, Plan], Any]
 RespondStreamed = Callable[[Any, Job, Plan, anyio.Event], Any]
+#: ``partition(kwargs) -> key``: calls with different keys never share a prompt.
+Partition = Callable[[Mapping[str, Any]], Hashable]
 
 
 def _validator(schema: Mapping[str, Any] | None) -> Callable[[Any], Any]:
@@ -110,11 +116,12 @@ class _Engines:
     def statistics(self) -> dict[str, PromptStatistics]:
         return {model: recorder.snapshot() for model, recorder in self._recorders.items()}
 
-    async def answer(self, plan: Plan) -> tuple[Any, Job, anyio.Event]:
+    async def answer(self, plan: Plan, partition: Hashable = None) -> tuple[Any, Job, anyio.Event]:
         """Await ``plan``'s own answer; the job carries its usage share and reply, the
-        event is set once that share is final."""
+        event is set once that share is final. Calls of different ``partition`` never
+        share a request."""
         engine = self.engine(plan)
-        job = engine.new_job(plan.item, budget=plan.budget)
+        job = engine.new_job(plan.item, budget=plan.budget, partition=partition)
         finished = self._shares.finished(job)
         try:
             value = await engine.answer(job)
@@ -152,8 +159,11 @@ class CoalescedClient(_Proxy):
     (Anthropic) is the wrapped client's own.
     """
 
-    def __init__(self, client: Any, kind: str, engines: _Engines) -> None:
+    def __init__(
+        self, client: Any, kind: str, engines: _Engines, partition: Partition | None = None
+    ) -> None:
         self._engines = engines
+        self._partition = partition
         if kind == "openai":
             completions = _Proxy(client.chat.completions, {"create": self._openai_create})
             own = {"chat": _Proxy(client.chat, {"completions": completions})}
@@ -176,14 +186,15 @@ class CoalescedClient(_Proxy):
         planner: Callable[[Mapping[str, Any], float | None], Plan | None],
         respond: tuple[Respond, RespondStreamed],
     ) -> Any:
-        cleaned, switch, budget = coalesce_headers(kwargs)
+        cleaned, headers = coalesce_headers(kwargs)
         given = given_arguments(cleaned)
         if given.get("stream") is False:
             del given["stream"]  # a non-streamed call, said explicitly
-        plan = None if switch == "off" else planner(given, budget)
+        plan = planner(given, headers.budget) if headers.coalesce else None
         if plan is None:
             return await self._create(**cleaned)
-        value, job, finished = await self._engines.answer(plan)
+        key = partition_key(self._partition, kwargs, headers.partition)
+        value, job, finished = await self._engines.answer(plan, key)
         whole, streamed = respond
         return streamed(value, job, plan, finished) if plan.stream else whole(value, job, plan)
 
@@ -212,6 +223,78 @@ class CoalescedClient(_Proxy):
         await self.aclose()
 
 
+def partition_key(
+    partition: Partition | None, kwargs: Mapping[str, Any], header: str | None
+) -> Hashable:
+    """The batcher's partition of one call: its ``x-coalesce-partition`` header and
+    what ``partition`` says of its keyword arguments (``None``: the shared partition).
+
+    Args:
+        partition: The client's partition function, if any.
+        kwargs: The call's keyword arguments, as the caller gave them.
+        header: The call's ``x-coalesce-partition`` header, if any.
+
+    Raises:
+        ConfigurationError: ``partition`` raised, or returned an unhashable value.
+    """
+    if partition is None:
+        return None if header is None else (header, None)
+    name = getattr(partition, "__qualname__", repr(partition))
+    try:
+        key = partition(MappingProxyType(given_arguments(kwargs)))
+    except Exception as exc:
+        raise ConfigurationError(
+            f"the partition function {name} raised {exc!r} for this call; it receives the"
+            " call's keyword arguments (a read-only mapping) and must return a hashable key"
+        ) from exc
+    try:
+        hash(key)
+    except TypeError as exc:
+        raise ConfigurationError(
+            f"the partition function {name} returned {key!r}, which is not hashable; return"
+            " a str, an int or a tuple of them"
+        ) from exc
+    return (header, key)
+
+
+def _kind(client: Any) -> tuple[Provider, str]:
+    """The provider of an async OpenAI or Anthropic client, and which SDK it is."""
+    if isinstance(client, CoalescedClient):
+        raise ConfigurationError(
+            f"{client!r} is already wrapped by coalesce.wrap; wrap the SDK client once"
+        )
+    base = as_provider(client)  # raises ConfigurationError for anything else
+    if isinstance(base, (OpenAIProvider, AnthropicProvider)):
+        return base, "openai" if isinstance(base, OpenAIProvider) else "anthropic"
+    raise ConfigurationError(
+        f"coalesce.wrap takes an openai.AsyncOpenAI or an anthropic.AsyncAnthropic, got {client!r}"
+    )
+
+
+_OPTION_NAMES = (
+    "max_wait",
+    "max_items",
+    "max_concurrency",
+    "latency_budget",
+    "max_attempts",
+    "max_output_tokens",
+    "timeout",
+    "context_window",
+    "schema_enforced",
+    "latency_prior",
+    "prices",
+    "on_event",
+)
+
+
+def _options(client: Any, given: Mapping[str, Any]) -> Options:
+    """``wrap()``'s keywords as checked :class:`Options`; retries default to the client's."""
+    retries = given["max_retries"]
+    if retries is None:
+        retries = int(getattr(client, "max_retries", 2))
+    return Options(**{name: given[name] for name in _OPTION_NAMES}, max_retries=retries)
+
+
 def wrap(
     client: C,
     *,
@@ -219,9 +302,13 @@ def wrap(
     max_items: int = DEFAULT_MAX_ITEMS,
     max_concurrency: int | None = None,
     latency_budget: float | None = None,
+    partition: Partition | None = None,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     max_retries: int | None = None,
     max_output_tokens: int | None = None,
+    timeout: float | None = None,
+    context_window: int | None = None,
+    schema_enforced: bool | None = None,
     latency_prior: LatencyPrior | None = None,
     prices: Price | Mapping[str, Price] | None = None,
     on_event: EventHook | None = None,
@@ -236,35 +323,29 @@ def wrap(
         max_items: Most items per request (default 8).
         max_concurrency: Most coalesced requests in flight at once (default: no limit).
         latency_budget: Seconds a coalesced call may wait end to end (default: none).
+        partition: ``partition(kwargs) -> key``, called with each coalesced call's
+            keyword arguments (a read-only mapping): calls with different keys never
+            share a prompt (see ``docs/isolation.md``).
         max_attempts: Requests that may carry one item, re-asks included (default 4).
         max_retries: Retries of a failed request (default: the client's ``max_retries``).
         max_output_tokens: Cap on a packed reply's tokens (default: each call's own cap
             times ``max_items``, or the provider's default).
+        timeout: Longest one request attempt may run, in seconds (default: bounded by
+            the callers' budget when there is one, else 60 s).
+        context_window: The model's context window in tokens (default: from the table
+            of known models, then learned from the provider's context-length errors).
+        schema_enforced: Whether the provider holds every reply to the reply schema
+            (default: as the provider declares); if not, streamed answers are held
+            until the reply can no longer contradict them.
         latency_prior: What the planner assumes of the provider before measuring it.
         prices: Prices for the statistics' cost estimates (see :func:`~coalesce.price_for`).
         on_event: Called with each call, request, dispatch and retry event.
 
     Raises:
-        ConfigurationError: ``client`` is not an async OpenAI or Anthropic client, or an
-            option is out of range.
+        ConfigurationError: ``client`` is not an async OpenAI or Anthropic client (or is
+            already wrapped), ``partition`` is not callable, or an option is out of range.
     """
-    base = as_provider(client)  # raises ConfigurationError for anything else
-    retries = int(getattr(client, "max_retries", 2)) if max_retries is None else max_retries
-    options = Options(
-        max_wait=max_wait,
-        max_items=max_items,
-        max_concurrency=max_concurrency,
-        latency_budget=latency_budget,
-        max_attempts=max_attempts,
-        max_retries=retries,
-        max_output_tokens=max_output_tokens,
-        latency_prior=latency_prior,
-        prices=prices,
-        on_event=on_event,
-    )
-    if isinstance(base, (OpenAIProvider, AnthropicProvider)):
-        kind = "openai" if isinstance(base, OpenAIProvider) else "anthropic"
-        return cast(C, CoalescedClient(client, kind, _Engines(base, options)))
-    raise ConfigurationError(
-        f"coalesce.wrap takes an openai.AsyncOpenAI or an anthropic.AsyncAnthropic, got {client!r}"
-    )
+    provider, kind = _kind(client)
+    options = _options(client, locals())
+    check_callable("partition", partition)
+    return cast(C, CoalescedClient(client, kind, _Engines(provider, options), partition))

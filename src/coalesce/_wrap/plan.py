@@ -9,15 +9,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._exceptions import ConfigurationError
+
 __all__ = [
     "BUDGET_HEADER",
+    "HEADERS",
+    "PARTITION_HEADER",
     "SWITCH_HEADER",
+    "CallHeaders",
     "Plan",
     "anthropic_plan",
+    "coalesce_headers",
     "given_arguments",
     "openai_plan",
 ]
@@ -26,6 +33,11 @@ __all__ = [
 SWITCH_HEADER = "x-coalesce"
 #: ``extra_headers={"x-coalesce-budget": "0.5"}`` gives that call a 0.5 s budget.
 BUDGET_HEADER = "x-coalesce-budget"
+#: ``extra_headers={"x-coalesce-partition": "tenant-42"}``: calls with different values
+#: never share a prompt.
+PARTITION_HEADER = "x-coalesce-partition"
+#: Every header coalesce reads (and removes before the call is sent).
+HEADERS = (SWITCH_HEADER, BUDGET_HEADER, PARTITION_HEADER)
 
 #: What each item is asked, after the caller's own system text.
 TASK = "Each item's input is one user message; its output is your reply to that message."
@@ -103,39 +115,110 @@ def _canonical(value: Any) -> str:
     )
 
 
-def coalesce_headers(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], str | None, float | None]:
-    """Split the coalesce headers off ``extra_headers``.
+@dataclass(frozen=True)
+class CallHeaders:
+    """What one call asked of coalesce through its ``x-coalesce*`` headers.
 
-    Returns the keyword arguments without them, the switch value (lower case) and the
-    budget in seconds (``None`` when absent or not a positive number).
+    Attributes:
+        coalesce: ``False`` for ``x-coalesce: off`` (the call goes to the client alone).
+        budget: Seconds the call may wait (``x-coalesce-budget``), if given.
+        partition: The call's partition (``x-coalesce-partition``), if given: calls
+            with different partitions never share a prompt.
+    """
+
+    coalesce: bool = True
+    budget: float | None = None
+    partition: str | None = None
+
+
+def coalesce_headers(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], CallHeaders]:
+    """Split the coalesce headers off ``extra_headers`` and check them.
+
+    Returns the keyword arguments without them (``extra_headers`` dropped when nothing
+    else is left in it) and what they asked.
 
     Args:
         kwargs: Keyword arguments of an SDK method.
+
+    Raises:
+        ConfigurationError: A header starting with ``x-coalesce`` that is not one of
+            :data:`HEADERS`, given twice, or with a value its header does not accept.
     """
     headers = kwargs.get("extra_headers")
     if not isinstance(headers, Mapping):
-        return dict(kwargs), None, None
-    rest = {k: v for k, v in headers.items() if k.lower() not in (SWITCH_HEADER, BUDGET_HEADER)}
-    found = {k.lower(): v for k, v in headers.items() if k.lower() not in rest}
-    switch = found.get(SWITCH_HEADER)
+        return dict(kwargs), CallHeaders()
+    ours = {k: v for k, v in headers.items() if _is_ours(k)}
+    if not ours:
+        return dict(kwargs), CallHeaders()
     cleaned = dict(kwargs)
+    rest = {k: v for k, v in headers.items() if k not in ours}
     if rest:
         cleaned["extra_headers"] = rest
     else:
         del cleaned["extra_headers"]
-    return (
-        cleaned,
-        None if switch is None else str(switch).lower(),
-        _seconds(found.get(BUDGET_HEADER)),
+    return cleaned, _read_headers(ours)
+
+
+def _is_ours(name: Any) -> bool:
+    return isinstance(name, str) and name.lower().split("-", 2)[:2] == ["x", "coalesce"]
+
+
+def _read_headers(ours: Mapping[str, Any]) -> CallHeaders:
+    found: dict[str, Any] = {}
+    for name, value in ours.items():
+        key = name.lower()
+        if key not in HEADERS:
+            raise ConfigurationError(
+                f"unknown coalesce header {name!r}; the headers are {', '.join(HEADERS)}"
+            )
+        if key in found:
+            raise ConfigurationError(f"the {key} header is given twice; give it once")
+        found[key] = value
+    found = given_arguments(found)
+    return CallHeaders(
+        coalesce=_switch(found.get(SWITCH_HEADER)),
+        budget=_seconds(found.get(BUDGET_HEADER)),
+        partition=_partition(found.get(PARTITION_HEADER)),
     )
 
 
+def _switch(value: Any) -> bool:
+    if value is None:
+        return True
+    word = value.strip().lower() if isinstance(value, str) else None
+    if word not in ("on", "off"):
+        raise ConfigurationError(
+            f"the {SWITCH_HEADER} header must be 'on' or 'off' (this call alone, untouched),"
+            f" got {value!r}"
+        )
+    return word == "on"
+
+
 def _seconds(value: Any) -> float | None:
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
+    """The budget header's seconds: a positive, finite number (or its text)."""
+    if value is None:
         return None
-    return seconds if seconds > 0 else None
+    try:
+        seconds = float(value) if isinstance(value, (str, int, float)) else math.nan
+    except (ValueError, OverflowError):
+        seconds = math.nan
+    if isinstance(value, bool) or not (math.isfinite(seconds) and seconds > 0):
+        raise ConfigurationError(
+            f"the {BUDGET_HEADER} header must be a positive, finite number of seconds such"
+            f" as '0.5', got {value!r}"
+        )
+    return seconds
+
+
+def _partition(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigurationError(
+            f"the {PARTITION_HEADER} header must be a non-empty string naming the call's"
+            f" partition (a tenant, a user, a trust level), got {value!r}"
+        )
+    return value
 
 
 def _text(content: Any) -> str | None:
