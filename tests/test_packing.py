@@ -469,7 +469,44 @@ def test_failure_error(kind: FailureKind, cls: type[Exception]) -> None:
     error = failure_error("4", ItemFailure(kind, raw=[1], error="why"), attempts=2)
     assert type(error) is cls
     assert (error.item_id, error.raw, error.attempts) == ("4", [1], 2)
-    assert "why" in str(error)
+    assert str(error) == "why; gave up after 2 attempts"
+
+
+@pytest.mark.parametrize(
+    ("reply", "shown"),
+    [
+        ("Sorry.", " (the reply began: 'Sorry.')"),
+        ("x" * 200, f" (the reply began: {'x' * 200!r})"),
+        ("y" * 201, f" (the reply began: {'y' * 200!r}...)"),
+        ("  \n", " (the reply was empty)"),
+        (None, ""),
+    ],
+)
+def test_failure_error_shows_the_start_of_the_reply(reply: str | None, shown: str) -> None:
+    failure = ItemFailure(FailureKind.MISSING, None, "the reply had no result for this call", reply)
+    error = failure_error("3", failure)
+    assert str(error) == f"the reply had no result for this call{shown}; gave up after 1 attempt"
+    assert error.item_id == "3"
+
+
+def test_split_keeps_the_reply_for_missing_and_cut_ids_and_names_no_id() -> None:
+    prose = "Here are my thoughts on each ticket. " * 3
+    missing = split_reply(prose, IDS, as_int).failures
+    assert {i: (f.kind, f.reply) for i, f in missing.items()} == dict.fromkeys(
+        IDS, (FailureKind.MISSING, prose)
+    )
+    cut_text = '{"results": {"1": 10, "2": 2'
+    cut = split_reply(cut_text, IDS, as_int).failures
+    assert (cut["3"].kind, cut["3"].reply) == (FailureKind.TRUNCATED, cut_text)
+    twice = split_reply(
+        '{"results": [{"id": "1", "output": 1}, {"id": "1", "output": 2}]}', IDS, as_int
+    )
+    errors = [f.error for f in [*missing.values(), cut["3"], twice.failures["1"]]]
+    assert not [error for error in errors if "id " in error or "'1'" in error]
+    assert (
+        twice.failures["1"].error
+        == "the reply gave 2 different outputs for this call; none is trusted"
+    )
 
 
 # --- split_reply: property ---------------------------------------------------------------

@@ -9,7 +9,7 @@ import pydantic
 import pytest
 
 from coalesce._exceptions import ConfigurationError
-from coalesce._wire.outcomes import FailureKind
+from coalesce._wire.outcomes import FailureKind, failure_error
 from coalesce._wire.plain import PLAIN_ID, has_plain_form, plain_request, split_plain, text_output
 
 
@@ -100,6 +100,24 @@ def test_split_plain_failures(text: str, truncated: bool, kind: FailureKind) -> 
     assert split.truncated is truncated
     if kind is FailureKind.INVALID and text.startswith("{"):
         assert split.failures[PLAIN_ID].raw == {"label": "good", "score": 70}
+
+
+def test_split_plain_keeps_the_reply_for_the_callers_error() -> None:
+    prose = "I cannot judge this, " * 20
+    failure = split_plain(prose, validate).failures[PLAIN_ID]
+    assert (failure.kind, failure.raw, failure.reply) == (FailureKind.INVALID, prose, prose)
+    message = str(failure_error(PLAIN_ID, failure, attempts=2))
+    assert message == f"the reply was not JSON (the reply began: {prose[:200]!r}...);" + (
+        " gave up after 2 attempts"
+    )
+    cut = split_plain('{"label": "go', validate, truncated=True).failures[PLAIN_ID]
+    assert cut.reply == '{"label": "go'
+    # An invalid output shows the validation error, not the reply.
+    invalid = split_plain('{"label": "good", "score": 70}', validate).failures[PLAIN_ID]
+    assert invalid.reply is None
+    assert str(failure_error(PLAIN_ID, invalid)).startswith(
+        "the reply's output for this call failed validation: 1 validation error"
+    )
 
 
 def test_a_text_output_is_asked_for_and_read_as_text() -> None:

@@ -290,7 +290,10 @@ async def test_retries_recover_from_transient_errors(sim: SimulatedProvider) -> 
 
 async def test_streaming_resolves_each_caller_before_the_reply_ends() -> None:
     sim = SimulatedProvider(time_scale=1.0, output_tokens=40)
-    tag = make_tagger(sim.openai_client(max_retries=0), max_items=4, max_wait=0.01)
+    # Declared to enforce the reply schema: answers are handed over as they complete.
+    tag = make_tagger(
+        sim.openai_client(max_retries=0), max_items=4, max_wait=0.01, schema_enforced=True
+    )
     finished: dict[str, float] = {}
 
     async def one(ticket: str) -> None:

@@ -66,13 +66,24 @@ def test_key_order_does_not_matter() -> None:
 
 @given(json_values)
 def test_schema_shaped_answers_validate(item: Any) -> None:
-    answer = expected_output(item, Review.model_json_schema())
-    Review.model_validate(answer)
+    schema = Review.model_json_schema()
+    answer = expected_output(item, schema)
+    assert set(schema["required"]) <= answer.keys() <= set(schema["properties"])
+    # Valid as written: nothing coerced, nothing left for a default to fill.
+    assert Review.model_validate(answer).model_dump(mode="json", exclude_unset=True) == answer
+    assert expected_output(json.loads(json.dumps(item)), schema) == answer
+
+
+def _depth(tree: Tree) -> int:
+    return 1 + max((_depth(child) for child in tree.children), default=0)
 
 
 @given(json_values)
 def test_recursive_schemas_terminate_and_validate(item: Any) -> None:
-    Tree.model_validate(expected_output(item, Tree.model_json_schema()))
+    answer = expected_output(item, Tree.model_json_schema())
+    tree = Tree.model_validate(answer)
+    assert tree.model_dump(mode="json", exclude_unset=True) == answer
+    assert 1 <= _depth(tree) <= 8  # the generator's depth limit ends the recursion
 
 
 @pytest.mark.parametrize(

@@ -237,14 +237,27 @@ def test_count_tokens_matches_tiktoken(text: str) -> None:
     assert count_tokens(text) == expected
 
 
-@pytest.mark.parametrize("text", ["<|endoftext|>", "\ud800 lone surrogate", "x" * 20_000, ""])
-def test_count_tokens_never_raises_on_odd_strings(text: str) -> None:
-    assert count_tokens(text) >= 0
+@pytest.mark.parametrize(
+    ("text", "tokens"),
+    [
+        ("<|endoftext|>", 7),  # a special token's text counts as ordinary text, not as 1
+        ("\ud800 lone surrogate", 3),
+        ("x" * 20_000, 2_500),  # longer than the LRU keeps: counted uncached
+        ("", 0),
+    ],
+)
+def test_count_tokens_counts_odd_strings_exactly(text: str, tokens: int) -> None:
+    assert count_tokens(text) == tokens
 
 
-@pytest.mark.parametrize("value", [None, 12345, ["a", "list"], b"bytes"])
-def test_count_tokens_never_raises_on_non_strings(value: object) -> None:
-    assert count_tokens(value) >= 1  # type: ignore[arg-type]
+@pytest.mark.parametrize(
+    ("value", "tokens"),
+    # Not a string: its str() is counted by characters, 4 to a token, rounded up.
+    [(None, 1), (12345, 2), (["a", "list"], 4), (b"bytes", 2), (("x",) * 10, 13)],
+)
+def test_count_tokens_counts_the_str_of_non_strings(value: object, tokens: int) -> None:
+    assert count_tokens(value) == tokens  # type: ignore[arg-type]
+    assert tokens == math.ceil(len(str(value)) / 4)
 
 
 def test_repeated_strings_hit_the_lru() -> None:

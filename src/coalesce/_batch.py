@@ -7,7 +7,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar, overload
 
-from ._batcher import Batcher
+from ._batcher import Batcher, is_async_callable
 from ._exceptions import ConfigurationError
 from ._policy import DispatchPolicy, DispatchReason
 
@@ -83,8 +83,14 @@ def batch(fn: Any = None, /, **options: Any) -> Any:
     :class:`Batcher`. On a method (``async def f(self, items)``), each instance gets
     its own batcher.
 
+    The batch function must return a sequence (a list, a tuple...) of exactly one result
+    per item, in the order of the items; anything else (a string, a dict, a set, a
+    generator) fails every caller of that batch with :class:`~coalesce.BatchError`, and a
+    sequence of the wrong length with :class:`~coalesce.ResultCountError`.
+
     Raises:
-        ConfigurationError: If an option is out of range (at decoration time).
+        ConfigurationError: If an option is out of range, or the function is not
+            ``async def`` (at decoration time).
     """
     if fn is None:
         # Validate now, at decoration time, not on the first call.
@@ -98,8 +104,13 @@ async def _placeholder(items: list[Any]) -> list[Any]:  # pragma: no cover - nev
 
 
 def _decorate(fn: Any, options: dict[str, Any]) -> Any:
-    if not callable(fn):
-        raise ConfigurationError(f"@coalesce.batch decorates an async function, got {fn!r}")
+    if not callable(fn) or not is_async_callable(fn):
+        shape = "fn(items, resolve)" if options.get("resolve_early") else "fn(items)"
+        raise ConfigurationError(
+            f"@coalesce.batch decorates an async function, async def {shape} (or a method"
+            f" with self first), got {getattr(fn, '__qualname__', None) or repr(fn)}: define"
+            " it with async def"
+        )
     # A method takes ``self`` first; an early-resolving function also takes ``resolve``.
     if _positional_arity(fn) == 2 + bool(options.get("resolve_early")):
         Batcher(_placeholder, **options)

@@ -16,8 +16,10 @@ before the whole batch returns (the streaming split does).
 from __future__ import annotations
 
 import functools
+import inspect
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Hashable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from threading import get_ident
 from typing import Any, Generic, TypeVar
 
@@ -43,7 +45,7 @@ from ._runtime import Runtime, current_runtime, running_owner
 from ._stats import BatcherStatistics, WaitRecorder
 from ._validate import check_callable, check_int, check_seconds
 
-__all__ = ["Batcher"]
+__all__ = ["Batcher", "is_async_callable", "result_problem"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -98,7 +100,9 @@ class Batcher(Generic[T, R]):
     """Group concurrent single-item calls into calls of a batch function.
 
     ``fn`` takes a list of items and returns a list of results of the same length,
-    in the same order. ``await batcher(item)`` returns that item's result.
+    in the same order. ``await batcher(item)`` returns that item's result. A result
+    that is not such a sequence (a string, a dict, a set, a generator) fails every
+    caller of its batch with :class:`~coalesce.BatchError`, never handing them pieces.
 
     Args:
         fn: ``async def fn(items: list[T]) -> list[R]``.
@@ -125,7 +129,8 @@ class Batcher(Generic[T, R]):
             caller left without a result gets a :class:`~coalesce.BatchError`.
 
     Raises:
-        ConfigurationError: If an option is out of range.
+        ConfigurationError: If an option is out of range, or ``fn`` is a plain (not
+            ``async def``) function.
     """
 
     def __init__(
@@ -469,15 +474,11 @@ class Batcher(Generic[T, R]):
         rt = self._rt
         assert rt is not None
         if type(results) is not list:
-            try:
-                results = list(results)
-            except TypeError:
-                error = BatchError(
-                    f"{self._name} must return a list of results, one per item;"
-                    f" it returned {type(results).__name__}"
-                )
-                self._fail_all(window, error)
+            problem = result_problem(results)
+            if problem is not None:
+                self._fail_all(window, BatchError(f"{self._name} {problem}"))
                 return
+            results = list(results)
         if len(results) != len(window.waiters):
             self._fail_all(window, ResultCountError(len(window.waiters), len(results)))
             return
@@ -615,11 +616,60 @@ _SOLO = object()  # the key of a one-item window that never joins the open windo
 def _check_function(fn: Any, size: Any, max_size: Any) -> None:
     if not callable(fn):
         raise ConfigurationError(f"the batch function must be callable, got {fn!r}")
+    if not is_async_callable(fn):
+        name = getattr(fn, "__qualname__", None) or repr(fn)
+        raise ConfigurationError(
+            f"the batch function {name} is not async: define it with async def (a batch"
+            " runs in the event loop, and a blocking function would stall every caller)"
+        )
     if (size is None) != (max_size is None):
         raise ConfigurationError(
             "size and max_size go together: give both (an item's weight and the most"
             f" per batch) or neither; got size={size!r}, max_size={max_size!r}"
         )
+
+
+def is_async_callable(fn: Any) -> bool:
+    """Whether calling ``fn`` may return an awaitable: not a plain ``def`` function.
+
+    An ``async def`` function (partials and bound methods included), an object with an
+    ``async def __call__``, and anything that is not a Python function (it cannot be
+    inspected, and may well return an awaitable) pass; a plain ``def`` function, or an
+    async generator function, does not. A sync wrapper of an ``async def`` function (one
+    that sets ``__wrapped__``, as ``functools.wraps`` does) passes too.
+    """
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    call: Any = target if inspect.isroutine(target) else getattr(type(target), "__call__", None)  # noqa: B004
+    if call is None or inspect.iscoroutinefunction(call):
+        return True
+    if inspect.iscoroutinefunction(inspect.unwrap(call)):
+        return True
+    return not (inspect.isfunction(call) or inspect.ismethod(call))
+
+
+def result_problem(results: Any) -> str | None:
+    """What is wrong with a batch function's result, or ``None`` if it is a sequence.
+
+    A list, a tuple or any other sequence (a numpy array too) is ordered like the items;
+    a string, bytes, a mapping, a set or an iterator is not a list of results, and taking
+    it apart (``list(results)``) would hand callers characters or keys.
+    """
+    if isinstance(results, (str, bytes, bytearray, memoryview)):
+        why = "a single value, not one result per item"
+    elif isinstance(results, Mapping):
+        why = "keyed, not ordered like the items: return e.g. [results[item] for item in items]"
+    elif isinstance(results, AbstractSet):
+        why = "unordered, so its results cannot be matched to the items"
+    elif isinstance(results, Sequence) or (
+        hasattr(results, "__len__") and hasattr(results, "__getitem__")
+    ):
+        return None
+    else:
+        why = "not a sequence"
+    return (
+        f"must return a list of results, one per item in the order of the items; it returned"
+        f" {type(results).__name__} ({why})"
+    )
 
 
 def _due_at(window: _Window) -> float:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import random
 import socket
@@ -363,13 +364,28 @@ def _progress(total: int) -> Iterator[Callable[[], None]]:
         yield lambda: progress.advance(task)
 
 
+def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
+    """An argparse type: a positive, finite number of ``kind``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"must be a positive, finite number, got {text!r}")
+        return value
+
+    return parse
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``coalesce demo``; returns the exit code."""
     parser = argparse.ArgumentParser(prog="coalesce demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--items", type=int, default=500, help="tickets to tag (500)")
-    parser.add_argument("--rate", type=float, default=100.0, help="arrivals per second (100)")
-    parser.add_argument("--budget", type=float, default=2.0, help="latency budget, s (2.0)")
-    parser.add_argument("--max-wait", type=float, default=0.5, help="longest wait, s (0.5)")
+    parser.add_argument("--items", type=_positive(int), default=500, help="tickets to tag (500)")
+    parser.add_argument("--rate", type=_positive(float), default=100.0, help="arrivals/s (100)")
+    parser.add_argument("--budget", type=_positive(float), default=2.0, help="budget, s (2.0)")
+    parser.add_argument("--max-wait", type=_positive(float), default=0.5, help="wait, s (0.5)")
     parser.add_argument("--model", default="gpt-4o-mini")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--plot", default="coalesce-demo.png", help="PNG to write ('' for none)")

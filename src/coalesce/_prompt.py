@@ -10,15 +10,16 @@ re-asking, planning, statistics).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import difflib
 import functools
 import inspect
 import typing
 from collections.abc import Awaitable, Callable, Hashable, Mapping
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 import pydantic
-import pydantic_core
 
 from ._client import as_provider
 from ._engine import Engine
@@ -36,18 +37,23 @@ from ._spec import (
     Options,
 )
 from ._stats import BatcherStatistics
-from ._validate import check_callable
+from ._validate import check_callable, jsonable
 
 __all__ = ["PromptFunction", "prompt"]
 
 P = ParamSpec("P")
 Out = TypeVar("Out")
 
+_UNBOUND: Any = object()  # a PromptFunction not accessed through an instance
+
 
 class PromptFunction(Generic[P, Out]):
     """What ``@coalesce.prompt`` returns: call it like the function it decorates.
 
-    ``await f(*args, **kwargs)`` returns that call's own validated output.
+    ``await f(*args, **kwargs)`` returns that call's own validated output. On a method,
+    ``obj.f(x)`` binds ``obj`` like a method: ``self`` is passed to the body and to
+    ``partition`` but is not part of the item, and every instance shares one engine
+    (one batcher, one set of statistics).
     """
 
     def __init__(
@@ -60,24 +66,70 @@ class PromptFunction(Generic[P, Out]):
         self._engine = engine
         self._partition = partition
         self._signature = inspect.signature(fn)
+        self._instance: Any = _UNBOUND
         functools.update_wrapper(self, fn)
 
+    @overload
+    def __get__(self, instance: None, owner: type[Any] | None = None) -> PromptFunction[P, Out]: ...
+    @overload
+    def __get__(
+        self, instance: object, owner: type[Any] | None = None
+    ) -> PromptFunction[..., Out]: ...
+    def __get__(self, instance: object, owner: type[Any] | None = None) -> Any:
+        """On an instance: this function bound to it, sharing the engine."""
+        if instance is None:
+            return self
+        bound = copy.copy(self)
+        bound._instance = instance
+        return bound
+
     async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Out:
+        if self._instance is not _UNBOUND:
+            args = (self._instance, *args)  # type: ignore[assignment]
         item = await self._item(args, kwargs)
-        partition = self._partition(*args, **kwargs) if self._partition is not None else None
+        partition = self._key(args, kwargs)
         return await self._engine.submit(item, partition=partition)  # type: ignore[no-any-return]
 
+    def _key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable:
+        """This call's partition key; a partition function that fails fails this call only."""
+        if self._partition is None:
+            return None
+        name = getattr(self._partition, "__qualname__", repr(self._partition))
+        try:
+            key = self._partition(*args, **kwargs)
+            hash(key)
+        except Exception as exc:
+            raise ConfigurationError(
+                f"the partition function {name} failed for this call ({exc!r}); it must"
+                " return a hashable key (a str, an int or a tuple of them)"
+            ) from exc
+        return key
+
     async def _item(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The call's item as JSON data.
+
+        Raises:
+            InvalidInputError: An argument (or what the body returned) cannot be sent as
+                JSON; only this call fails, before it joins a group.
+        """
         bound = self._signature.bind(*args, **kwargs)
         bound.apply_defaults()
         produced = await self._fn(*args, **kwargs)
         if produced is not None and produced is not Ellipsis:
-            value = produced  # the body formatted its own input
-        elif len(bound.arguments) == 1:
-            (value,) = bound.arguments.values()
-        else:
-            value = dict(bound.arguments)
-        return pydantic_core.to_jsonable_python(value)
+            return self._jsonable(produced, "$", "the value its body returned")
+        arguments = dict(bound.arguments)
+        if self._instance is not _UNBOUND:
+            del arguments[next(iter(self._signature.parameters))]  # self is not the item
+        if len(arguments) == 1:
+            ((name, value),) = arguments.items()
+            return self._jsonable(value, "$", f"argument {name!r}")
+        return {
+            name: self._jsonable(value, f"$.{name}", f"argument {name!r}")
+            for name, value in arguments.items()
+        }
+
+    def _jsonable(self, value: Any, field: str, what: str) -> Any:
+        return jsonable(value, field=field, subject=f"{self._engine.spec.name}: {what}")
 
     def statistics(self) -> PromptStatistics:
         """An immutable snapshot: latency and budget, tokens, cost and savings, requests.
@@ -118,14 +170,15 @@ def prompt(
     token_estimator: TokenEstimator | None = None,
     prices: Price | Mapping[str, Price] | None = None,
     on_event: EventHook | None = None,
+    timeout: float | None = None,
+    context_window: int | None = None,
+    schema_enforced: bool | None = None,
     **request_options: Any,
 ) -> Callable[[Callable[P, Awaitable[Out]]], PromptFunction[P, Out]]:
     """Turn ``async def f(<item params>) -> Out`` into an LLM call that coalesces.
 
-    The docstring (or ``instructions=``) is the shared instruction, sent once per
-    request; the call's arguments are the item (one parameter: its value; several: an
-    object of those fields; or what the body returns); the return annotation is the
-    output type, validated with pydantic. Each option is explained in ``docs/prompt.md``.
+    The docstring is the instructions, the arguments the item, the return annotation the
+    output type: see ``docs/prompt.md``.
 
     Args:
         client: An ``AsyncOpenAI``, an ``AsyncAnthropic``, a Provider or an async callable.
@@ -135,7 +188,7 @@ def prompt(
         max_items: Most items per request (default 8).
         max_concurrency: Most requests in flight at once (default: no limit).
         latency_budget: Seconds a caller may wait end to end (default: no budget).
-        partition: ``partition(*args, **kwargs) -> key``: different keys never share a prompt.
+        partition: ``partition(*args, **kwargs) -> key`` (``self`` first on a method).
         max_attempts: Requests that may carry one item, re-asks included (default 4).
         max_retries: Retries of a request that failed as a whole (default 4).
         max_output_tokens: Cap on each reply's tokens (default: the provider's).
@@ -146,24 +199,64 @@ def prompt(
         token_estimator: Counts input tokens (``count(text) -> int``; default: tiktoken).
         prices: A Price for ``model``, or a table consulted before the defaults.
         on_event: Called with each call, request, dispatch and retry event.
-        **request_options: Passed to the provider unchanged (``temperature=0``...).
+        timeout: Longest one request attempt may run, in seconds (default: budget, or 60).
+        context_window: The model's context window in tokens (default: known models').
+        schema_enforced: Whether the provider enforces the reply schema (default: its say).
+        **request_options: Passed to the provider (``temperature=0``...); not misspellings.
 
     Raises:
-        ConfigurationError: A bad option, a sync function, no instructions, or an odd return type.
+        ConfigurationError: A bad or misspelt option, a sync function, no instructions,
+            no return type (or ``-> None``), or one pydantic cannot describe.
     """
     options, where = _split_keywords(locals())
-
-    def decorate(fn: Callable[P, Awaitable[Out]]) -> PromptFunction[P, Out]:
-        return _decorate(fn, options=options, request_options=request_options, **where)
-
-    return decorate
+    return lambda fn: _decorate(fn, options=options, request_options=request_options, **where)
 
 
 _OPTION_NAMES = tuple(field.name for field in dataclasses.fields(Options))
+#: Every keyword ``prompt()`` takes itself; anything else is a request option.
+_PROMPT_KEYWORDS = tuple(
+    name
+    for name, parameter in inspect.signature(prompt).parameters.items()
+    if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+)
+#: Request options of the OpenAI and Anthropic APIs, never taken for a misspelling.
+_KNOWN_REQUEST_OPTIONS = frozenset(
+    {
+        *("temperature", "top_p", "top_k", "seed", "user", "metadata", "stop", "n"),
+        *("stop_sequences", "logprobs", "top_logprobs", "frequency_penalty"),
+        *("presence_penalty", "logit_bias", "max_tokens", "max_completion_tokens"),
+        *("reasoning_effort", "service_tier", "store", "parallel_tool_calls", "thinking"),
+        *("verbosity", "prompt_cache_key", "safety_identifier"),
+        *("extra_headers", "extra_body", "extra_query"),
+    }
+)
+
+
+def _check_request_options(request_options: Mapping[str, Any]) -> None:
+    """Refuse a keyword that looks like a misspelt coalesce option.
+
+    Unknown keywords go to the provider unchanged, so ``max_item=8`` would otherwise
+    fail every call with the SDK's ``TypeError`` instead of here.
+    """
+    for name in request_options:
+        if name in _KNOWN_REQUEST_OPTIONS:
+            continue
+        close = difflib.get_close_matches(name, _PROMPT_KEYWORDS, n=1, cutoff=0.8)
+        if close:
+            raise ConfigurationError(
+                f"unknown option {name!r}: did you mean {close[0]!r}? (keywords that are not"
+                " coalesce options are passed to the provider as request options)"
+            )
 
 
 def _split_keywords(given: Mapping[str, Any]) -> tuple[Options, dict[str, Any]]:
-    """``prompt()``'s keywords: the checked :class:`Options`, and what names the function."""
+    """``prompt()``'s keywords: the checked :class:`Options`, and what names the function.
+
+    Raises:
+        ConfigurationError: An option is out of range, or a request option looks like a
+            misspelt option.
+    """
+    _check_request_options(given["request_options"])
     options = Options(**{name: given[name] for name in _OPTION_NAMES})
     return options, {name: given[name] for name in ("client", "model", "instructions", "partition")}
 
@@ -215,8 +308,20 @@ def _output_type(fn: Any) -> Any:
             f"cannot resolve the return annotation of {fn.__qualname__}: {exc}; define the"
             " output type at module level (or import it) so it can be looked up"
         ) from exc
-    output = hints.get("return", str)
-    if output is Any or output is None or output is type(None):
+    if "return" not in hints:
+        raise ConfigurationError(
+            f"{fn.__qualname__} has no return annotation, and it is the type of each call's"
+            " output: annotate it -> str for text, or with a model (or another type pydantic"
+            " validates) for structured output"
+        )
+    output = hints["return"]
+    if output is None or output is type(None):
+        raise ConfigurationError(
+            f"{fn.__qualname__} is annotated -> None, but its return annotation is the type"
+            " of each call's output: annotate it -> str for text, or with a model (or another"
+            " type pydantic validates) for structured output"
+        )
+    if output is Any:
         return str
     try:
         pydantic.TypeAdapter(output).json_schema()

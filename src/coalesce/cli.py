@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from . import __version__
+from ._exceptions import ConfigurationError
 
 __all__ = ["main"]
 
@@ -32,17 +33,29 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``coalesce`` command; returns the process exit code."""
+    """Run the ``coalesce`` command; returns the process exit code.
+
+    A bad argument ends it with a one-line message and exit code 2, as argparse does,
+    never with a traceback.
+    """
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] == "demo":
-        from ._demo import main as demo
-
-        return demo(args[1:])
-    if args and args[0] == "simulate":
-        from .testing._cli import main as simulate
-
-        return simulate(args[1:])
+    if args and args[0] in ("demo", "simulate"):
+        try:
+            return _command(args[0], args[1:])
+        except ConfigurationError as exc:  # a value argparse let through (inf, nan...)
+            print(f"coalesce {args[0]}: error: {exc}", file=sys.stderr)
+            return 2
     parser = _parser()
     parser.parse_args(args)
     parser.print_help()
     return 0
+
+
+def _command(name: str, argv: list[str]) -> int:
+    if name == "demo":
+        from ._demo import main as demo
+
+        return demo(argv)
+    from .testing._cli import main as simulate
+
+    return simulate(argv)

@@ -24,6 +24,9 @@ from .._exceptions import (
 
 T = TypeVar("T")
 
+#: How much of a reply an error shows, in characters.
+REPLY_EXCERPT = 200
+
 # The id of a result object too malformed to parse, read only when it is the very first
 # key: anywhere else it could be text inside an output, and would blame a neighbour.
 _LEADING_ID = re.compile(r'\{\s*"id"\s*:\s*(?:"((?:[^"\\]|\\.)*)"|(-?[0-9]+))')
@@ -52,12 +55,18 @@ class ItemFailure:
         kind: What went wrong.
         raw: The raw output the model gave for the item (``None`` if it gave none; for a
             result object that was not valid JSON, its text).
-        error: A human-readable explanation (the validation error for ``INVALID``).
+        error: A human-readable explanation (the validation error for ``INVALID``),
+            written for the caller: it never names the item's id, which the caller
+            never saw.
+        reply: The whole reply's text, when it helps the caller to see it (the item's
+            result was missing or cut off, or the reply was not JSON); its error shows
+            the first :data:`REPLY_EXCERPT` characters. ``None`` otherwise.
     """
 
     kind: FailureKind
     raw: Any = None
     error: str = ""
+    reply: str | None = None
 
 
 @dataclass(frozen=True)
@@ -184,26 +193,27 @@ def judge(occurrence: Occurrence, validate: Callable[[Any], T]) -> tuple[bool, A
     """
     if not occurrence.has_output:
         reason = "not valid JSON" if isinstance(occurrence.raw, str) else "without an output"
-        error = f"the result for id {occurrence.id!r} was {reason}"
+        error = f"the reply's result for this call was {reason}"
         return False, ItemFailure(FailureKind.INVALID, occurrence.raw, error)
     try:
         return True, validate(occurrence.raw)
     except Exception as exc:  # any validator error means "invalid", by contract
-        return False, ItemFailure(FailureKind.INVALID, occurrence.raw, str(exc))
+        error = f"the reply's output for this call failed validation: {exc}"
+        return False, ItemFailure(FailureKind.INVALID, occurrence.raw, error)
 
 
-def absent(item_id: str, *, truncated: bool) -> ItemFailure:
+def absent(item_id: str, *, truncated: bool, reply: str | None = None) -> ItemFailure:
     """The failure of an id the reply never gave a result for.
 
     Args:
-        item_id: The id.
+        item_id: The id (the message does not name it: the caller never saw it).
         truncated: Whether the reply was cut off.
+        reply: The reply's text (or its start), shown in the caller's error.
     """
     if truncated:
-        return ItemFailure(
-            FailureKind.TRUNCATED, None, f"the reply was cut off before a result for id {item_id!r}"
-        )
-    return ItemFailure(FailureKind.MISSING, None, f"the reply had no result for id {item_id!r}")
+        error = "the reply was cut off before its result for this call"
+        return ItemFailure(FailureKind.TRUNCATED, None, error, reply)
+    return ItemFailure(FailureKind.MISSING, None, "the reply had no result for this call", reply)
 
 
 def check_ids(ids: Iterable[str]) -> tuple[str, ...]:
@@ -240,8 +250,24 @@ def failure_error(item_id: str, failure: ItemFailure, *, attempts: int = 1) -> I
         FailureKind.DUPLICATE: InvalidOutputError,
         FailureKind.TRUNCATED: TruncatedOutputError,
     }
-    message = f"item {item_id!r}: {failure.error} (after {attempts} attempt(s))"
-    return classes[failure.kind](message, item_id=item_id, raw=failure.raw, attempts=attempts)
+    return classes[failure.kind](
+        give_up_message(failure, attempts), item_id=item_id, raw=failure.raw, attempts=attempts
+    )
+
+
+def give_up_message(failure: ItemFailure, attempts: int) -> str:
+    """What the caller is told: what went wrong, the start of the reply, the attempts.
+
+    For example ``the reply had no result for this call (the reply began: 'Sorry, I
+    cannot...'); gave up after 4 attempts``.
+    """
+    message = failure.error
+    if failure.reply is not None:
+        head = failure.reply[:REPLY_EXCERPT]
+        shown = repr(head) + ("..." if len(failure.reply) > REPLY_EXCERPT else "")
+        message += f" (the reply began: {shown})" if head.strip() else " (the reply was empty)"
+    plural = "" if attempts == 1 else "s"
+    return f"{message}; gave up after {attempts} attempt{plural}"
 
 
 def ordered_unique(values: Sequence[str]) -> tuple[str, ...]:

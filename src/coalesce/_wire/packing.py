@@ -489,7 +489,7 @@ def split_reply(
     values: dict[str, T] = {}
     failures: dict[str, ItemFailure] = {}
     for item_id, occurrences in found.items():
-        ok, outcome = _decide(item_id, occurrences, validate, cut)
+        ok, outcome = _decide(item_id, occurrences, validate, cut, text)
         if ok:
             values[item_id] = outcome
         else:
@@ -498,13 +498,17 @@ def split_reply(
 
 
 def _decide(
-    item_id: str, occurrences: list[Occurrence], validate: Callable[[Any], T], cut: bool
+    item_id: str,
+    occurrences: list[Occurrence],
+    validate: Callable[[Any], T],
+    cut: bool,
+    text: str,
 ) -> tuple[bool, Any]:
     if not occurrences:
-        return False, absent(item_id, truncated=cut)
+        return False, absent(item_id, truncated=cut, reply=text)
     distinct = {o.fingerprint: o for o in occurrences}
     if len(distinct) > 1:
         raws = [o.raw for o in distinct.values()]
-        error = f"the reply gave {len(raws)} different outputs for id {item_id!r}"
+        error = f"the reply gave {len(raws)} different outputs for this call; none is trusted"
         return False, ItemFailure(FailureKind.DUPLICATE, raws, error)
     return judge(occurrences[0], validate)

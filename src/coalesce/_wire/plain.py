@@ -104,11 +104,11 @@ def split_plain(
     failure: ItemFailure | None = None
     if not found:
         if truncated:
-            failure = ItemFailure(FailureKind.TRUNCATED, None, "the reply was cut off")
+            failure = ItemFailure(FailureKind.TRUNCATED, None, "the reply was cut off", text)
         elif not text.strip():
             failure = ItemFailure(FailureKind.MISSING, None, "the reply was empty")
         else:
-            failure = ItemFailure(FailureKind.INVALID, text, "the reply was not JSON")
+            failure = ItemFailure(FailureKind.INVALID, text, "the reply was not JSON", text)
     else:
         ok, outcome = judge(Occurrence(PLAIN_ID, raw, True, ""), validate)
         if ok:

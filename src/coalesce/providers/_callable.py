@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 
+from .._exceptions import ConfigurationError
 from ._base import Completion, CompletionRequest, RetryAdvice
 
 __all__ = ["CallableProvider"]
@@ -51,6 +53,9 @@ class CallableProvider:
             on_text: Receives the whole reply, when ``request.stream`` is true.
 
         Raises:
+            ConfigurationError: The function returned something other than a ``str`` or
+                a :class:`Completion` with ``str`` text (it is not retried: every caller
+                of the request gets it).
             Exception: Whatever the function raises, unchanged.
         """
         start = anyio.current_time()
@@ -58,6 +63,8 @@ class CallableProvider:
         seconds = anyio.current_time() - start
         if isinstance(result, str):
             result = Completion(text=result, finish_reason="stop", seconds=seconds)
+        elif not isinstance(result, Completion) or not isinstance(result.text, str):
+            raise ConfigurationError(_wrong_reply(self._fn, result))
         if request.stream and on_text is not None and result.text:
             on_text(result.text)
         return result
@@ -72,3 +79,18 @@ class CallableProvider:
 
     def __repr__(self) -> str:
         return f"<CallableProvider fn={self._fn!r} structured={self.structured}>"
+
+
+def _wrong_reply(fn: Any, result: Any) -> str:
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    shown = repr(result if not isinstance(result, Completion) else result.text)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    what = (
+        f"a Completion whose text is {type(result.text).__name__} {shown}"
+        if isinstance(result, Completion)
+        else f"{type(result).__name__} {shown}"
+    )
+    return (
+        f"the provider function {name} returned {what}; it must return the reply text (a"
+        " str) or a coalesce.providers.Completion with str text"
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import signal
 import socket
 import sys
@@ -26,12 +27,40 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
     parser.add_argument(
-        "--port", type=int, default=8000, help="port; 0 picks a free one (default 8000)"
+        "--port", type=_port, default=8000, help="port; 0 picks a free one (default 8000)"
     )
     parser.add_argument("--config", help="JSON (or TOML on Python 3.11+) configuration file")
-    parser.add_argument("--time-scale", type=float, help="override the configuration's time_scale")
+    parser.add_argument(
+        "--time-scale", type=_time_scale, help="override the configuration's time_scale"
+    )
     parser.add_argument("--seed", type=int, help="override the configuration's seed")
     return parser
+
+
+def _port(text: str) -> int:
+    """A TCP port, 0 to 65535 (argparse reports the error in its own style)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer from 0 to 65535, got {text!r}"
+        ) from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"must be from 0 to 65535 (0 picks a free one), got {port}"
+        )
+    return port
+
+
+def _time_scale(text: str) -> float:
+    """A finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
 
 
 def _provider(args: argparse.Namespace) -> SimulatedProvider:
@@ -52,7 +81,8 @@ def main(argv: list[str]) -> int:
             is accepted too).
 
     Returns:
-        The exit status: 0 after a clean stop, 2 on a configuration error.
+        The exit status: 0 after a clean stop, 2 on a configuration error (a bad argument
+        exits with status 2 too, through argparse, with a one-line message).
     """
     if argv[:1] == ["simulate"]:
         argv = argv[1:]
@@ -62,6 +92,9 @@ def main(argv: list[str]) -> int:
         import uvicorn
     except ConfigurationError as exc:
         print(f"coalesce simulate: {exc}", file=sys.stderr)
+        return 2
+    except (TypeError, ValueError) as exc:  # a value of the wrong kind in the file
+        print(f"coalesce simulate: invalid configuration in {args.config}: {exc}", file=sys.stderr)
         return 2
     except ImportError:
         print(
