@@ -19,7 +19,16 @@ from ._ratelimit import RateLimit, RateLimits
 
 __all__ = ["load_config", "provider_options"]
 
-_TOP_KEYS = {"time_scale", "seed", "latency", "rate_limits", "faults", "output_tokens", "batches"}
+_TOP_KEYS = {
+    "time_scale",
+    "seed",
+    "latency",
+    "rate_limits",
+    "faults",
+    "output_tokens",
+    "batches",
+    "context_window",
+}
 
 
 def load_config(path: str | PathLike[str]) -> dict[str, Any]:
@@ -118,6 +127,8 @@ def provider_options(config: Mapping[str, Any]) -> dict[str, Any]:
         options["rate_limits"] = _rate_limits(config["rate_limits"])
     if "faults" in config:
         options["faults"] = _build(FaultPlan, config["faults"], "faults")
+    if "context_window" in config:
+        options["context_window"] = config["context_window"]  # checked by the provider
     if "batches" in config:
         options["batches"] = _build(BatchTiming, config["batches"], "batches")
     return options

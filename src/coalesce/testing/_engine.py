@@ -233,7 +233,8 @@ def compose(
     if items is not None:
         results = _packed_results(items, prompt.schema, lengths)
         if faults & ITEM_FAULTS:
-            results, applied = damage_results(results, faults, rng)
+            item_schema = item_output_schema(prompt.schema) if prompt.schema else None
+            results, applied = damage_results(results, faults, rng, item_schema)
         keyed = keyed_reply(prompt.schema, prompt.texts)
         text, value = _write_results(results, keyed, compact)
     else:

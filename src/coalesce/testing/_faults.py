@@ -31,6 +31,7 @@ __all__ = [
     "damage_results",
     "damage_text",
     "parse_faults",
+    "wrong_output",
 ]
 
 
@@ -61,6 +62,10 @@ class Fault(str, enum.Enum):
     """A packed reply carries a result for an id nobody asked about."""
     DUPLICATE_ID = "duplicate_id"
     """An id appears twice in a packed reply, the second time with another output."""
+    DUPLICATE_ID_WRONG_FIRST = "duplicate_id_wrong_first"
+    """An id appears twice in a packed reply, first with a wrong output, then with its
+    right one: what a provider that ignores the reply schema can write, and what a
+    streamed answer delivered at its first occurrence gets wrong."""
     OUT_OF_ORDER = "out_of_order"
     """A packed reply lists its results in another order than the request."""
 
@@ -74,8 +79,16 @@ FAULT_STATUS: Mapping[Fault, int] = {
 HTTP_FAULTS = frozenset(FAULT_STATUS)
 TEXT_FAULTS = frozenset({Fault.MALFORMED_JSON, Fault.PROSE, Fault.CODE_FENCE})
 ITEM_FAULTS = frozenset(
-    {Fault.MISSING_ITEM, Fault.EXTRA_ID, Fault.DUPLICATE_ID, Fault.OUT_OF_ORDER}
+    {
+        Fault.MISSING_ITEM,
+        Fault.EXTRA_ID,
+        Fault.DUPLICATE_ID,
+        Fault.DUPLICATE_ID_WRONG_FIRST,
+        Fault.OUT_OF_ORDER,
+    }
 )
+#: Where each duplicating fault puts the wrong twin: after (1) or before (0) the original.
+_TWIN_OFFSET: Mapping[Fault, int] = {Fault.DUPLICATE_ID: 1, Fault.DUPLICATE_ID_WRONG_FIRST: 0}
 
 #: One scripted request: no fault, one fault, or several (by enum or by name).
 FaultSpec: TypeAlias = "Fault | str | Iterable[Fault | str] | None"
@@ -114,7 +127,9 @@ class FaultPlan:
         script: One entry per request, consumed in order before any draw: ``None``
             (no fault), a fault, or a list of faults for that one request.
         seed: Seed of the draws (and of which item a fault hits).
-        hang_seconds: How long a ``hang`` lasts, before the time scale.
+        hang_seconds: How long a ``hang`` lasts, before the time scale;
+            ``math.inf`` (``Infinity`` in a JSON configuration) never answers, until
+            the client gives up.
     """
 
     probabilities: Mapping[Fault | str, float] = field(default_factory=dict)
@@ -130,6 +145,10 @@ class FaultPlan:
             )
         for entry in self.script:
             parse_faults(entry)
+        if not self.hang_seconds >= 0:  # also refuses NaN
+            raise ConfigurationError(
+                f"hang_seconds must be >= 0 (math.inf: never answer), got {self.hang_seconds!r}"
+            )
 
     def chances(self) -> dict[Fault, float]:
         """Return :attr:`probabilities` keyed by :class:`Fault`."""
@@ -183,8 +202,29 @@ class FaultSource:
         return frozenset() if fault is None else frozenset({fault})
 
 
+def wrong_output(original: Mapping[str, Any], schema: Mapping[str, Any] | None = None) -> Any:
+    """Return another answer than ``original["output"]``, valid under ``schema``.
+
+    A wrong answer that breaks the schema would be caught by validation; this one is
+    caught only by noticing the id was written twice.
+
+    Args:
+        original: A result, ``{"id": ..., "output": ...}``.
+        schema: The JSON schema of one item's output, if any.
+    """
+    candidate: Any = None
+    for attempt in range(8):  # a small enum may draw the right answer again
+        candidate = expected_output({"duplicate": dict(original), "attempt": attempt}, schema)
+        if candidate != original["output"]:
+            break
+    return candidate
+
+
 def damage_results(
-    results: list[dict[str, Any]], faults: frozenset[Fault], rng: random.Random
+    results: list[dict[str, Any]],
+    faults: frozenset[Fault],
+    rng: random.Random,
+    schema: Mapping[str, Any] | None = None,
 ) -> tuple[list[dict[str, Any]], frozenset[Fault]]:
     """Apply the item-level faults to a packed reply's results.
 
@@ -192,18 +232,21 @@ def damage_results(
         results: ``[{"id": ..., "output": ...}, ...]`` in request order.
         faults: The request's faults; only :data:`ITEM_FAULTS` matter here.
         rng: Chooses which item a fault hits.
+        schema: The JSON schema of one item's output: a duplicate's wrong twin
+            follows it.
 
     Returns:
         The damaged results and the faults that actually applied.
     """
     applied = set()
     out = list(results)
-    if Fault.DUPLICATE_ID in faults and out:
-        index = rng.randrange(len(out))
-        original = out[index]
-        twin = {"id": original["id"], "output": expected_output({"duplicate": original})}
-        out.insert(index + 1, twin)
-        applied.add(Fault.DUPLICATE_ID)
+    for fault, offset in _TWIN_OFFSET.items():
+        if fault in faults and out:
+            index = rng.randrange(len(out))
+            original = out[index]
+            twin = {"id": original["id"], "output": wrong_output(original, schema)}
+            out.insert(index + offset, twin)
+            applied.add(fault)
     if Fault.MISSING_ITEM in faults and out:
         out.pop(rng.randrange(len(out)))
         applied.add(Fault.MISSING_ITEM)

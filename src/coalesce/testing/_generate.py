@@ -16,9 +16,10 @@ import anyio
 from ._accounting import RequestRecord
 from ._anthropic import ANTHROPIC
 from ._asgi import Receive, Send, SimulatedDisconnect, send_json, send_start, wait_for_disconnect
+from ._context import refusal, window_for
 from ._engine import Answer, Prompt, ReplyContext, compose, count_text, prompt_tokens, split_pieces
 from ._faults import HTTP_FAULTS, Fault
-from ._flavour import Flavour, StreamEvent, fault_error, send_error
+from ._flavour import Flavour, StreamEvent, error_body, fault_error, send_error
 from ._latency import Delays, compute_delays, pace
 from ._openai import OPENAI
 from ._ratelimit import RateDecision, retry_headers
@@ -90,6 +91,9 @@ async def generate(call: Call, flavour: Flavour) -> None:
         SimulatedDisconnect: The ``disconnect`` fault dropped the connection.
     """
     turn, decision = _admit(call, flavour)
+    if decision is None:
+        await _too_long(turn)
+        return
     if not decision.allowed:
         await _refuse(turn, decision)
         return
@@ -101,22 +105,45 @@ async def generate(call: Call, flavour: Flavour) -> None:
     await _answer(turn, faults)
 
 
-def _admit(call: Call, flavour: Flavour) -> tuple[_Turn, RateDecision]:
-    """Parse and count the request, and charge it to the caller's rate limit."""
+def _admit(call: Call, flavour: Flavour) -> tuple[_Turn, RateDecision | None]:
+    """Parse and count the request, and charge it to the caller's rate limit (not if
+    it is too long for the model's context window: no decision then)."""
     sim, body = call.sim, call.request.json_object()
     prompt = flavour.parse(body)
     started = sim.clock.now()
     tokens_in = prompt_tokens(prompt, count_text)
     clean = compose_answer(sim, prompt, frozenset())
-    decision = sim.limiter.check(call.request.api_key, tokens_in + clean.completion_tokens, started)
+    decision = None
+    if _refusal(sim, flavour, prompt, tokens_in) is None:
+        decision = sim.limiter.check(
+            call.request.api_key, tokens_in + clean.completion_tokens, started
+        )
     ctx = ReplyContext(
         sim.next_id(flavour.id_prefix), int(sim.clock.unix(started)), tokens_in, prompt, body
     )
     headers = {
         flavour.request_id_header: f"req_{ctx.id}",
-        **flavour.rate_headers(decision, sim.clock.unix(started)),
+        **(flavour.rate_headers(decision, sim.clock.unix(started)) if decision else {}),
     }
     return _Turn(call, flavour, prompt, started, tokens_in, clean, ctx, headers), decision
+
+
+def _refusal(sim: Simulation, flavour: Flavour, prompt: Prompt, tokens_in: int) -> str | None:
+    """The provider's message if the request is too long for the model, else ``None``."""
+    window = window_for(sim.context_window, prompt.model)
+    if window is None:
+        return None
+    return refusal(flavour.api, window, tokens_in, prompt.max_tokens)
+
+
+async def _too_long(turn: _Turn) -> None:
+    """Answer ``400``: the prompt and its completion limit exceed the context window."""
+    message = _refusal(turn.call.sim, turn.flavour, turn.prompt, turn.tokens_in) or ""
+    body = error_body(turn.flavour, 400, message)
+    if turn.flavour is OPENAI:
+        body["error"]["code"] = "context_length_exceeded"
+    turn.record(400, None, frozenset())
+    await send_json(turn.call.send, 400, body, turn.headers)
 
 
 async def _refuse(turn: _Turn, decision: RateDecision) -> None:

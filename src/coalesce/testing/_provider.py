@@ -17,6 +17,7 @@ from ._asgi import Receive, Scope, Send
 from ._batches import BatchStore, BatchTiming
 from ._clock import Clock
 from ._config import load_config, provider_options
+from ._context import ContextWindows, check_windows
 from ._faults import FaultPlan, FaultSource, FaultSpec
 from ._latency import SimulatedLatency
 from ._length import OutputTokens, target_tokens
@@ -52,6 +53,11 @@ class SimulatedProvider:
         time_scale: Multiplies every duration: latencies, rate-limit windows, batch
             times, hangs. ``0.001`` runs a thousand times faster than real.
         seed: Seed of the latency jitter.
+        context_window: The models' context windows in tokens: one for every model, or
+            one per model name (others have none). A request whose prompt and
+            completion limit exceed it is refused with ``400`` and the provider's own
+            message ("maximum context length is ...", "prompt is too long: ...").
+            ``None`` (the default): no limit.
 
     Raises:
         ConfigurationError: An option is out of range.
@@ -67,6 +73,7 @@ class SimulatedProvider:
         batches: BatchTiming | None = None,
         time_scale: float = 1.0,
         seed: int = 0,
+        context_window: ContextWindows = None,
     ) -> None:
         if not time_scale > 0:
             raise ConfigurationError(f"time_scale must be > 0, got {time_scale}")
@@ -79,6 +86,7 @@ class SimulatedProvider:
         self.batch_timing = batches or BatchTiming()
         self.time_scale = time_scale
         self.seed = seed
+        self.context_window = check_windows(context_window)
         self.clock = Clock()
         self.ledger = Ledger()
         self.reset()

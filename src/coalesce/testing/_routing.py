@@ -16,6 +16,7 @@ from ._accounting import Ledger
 from ._asgi import HttpRequest, Receive, Send, send_json
 from ._batches import BatchStore
 from ._clock import Clock
+from ._context import ContextWindows
 from ._faults import FaultPlan, FaultSource
 from ._latency import SimulatedLatency
 from ._length import OutputTokens
@@ -37,6 +38,7 @@ class Simulation(Protocol):
     output_tokens: OutputTokens
     jitter_rng: random.Random
     time_scale: float
+    context_window: ContextWindows
 
     def next_id(self, prefix: str) -> str: ...
     def reset(self) -> None: ...

@@ -1,0 +1,74 @@
+"""Context windows: the simulated model refuses a request too long for it, as real APIs do.
+
+Pure: :func:`window_for` reads the configured window of a model and :func:`refusal`
+writes the provider's own message (OpenAI's ``context_length_exceeded``, Anthropic's
+"prompt is too long"), so a client can learn the window from the error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TypeAlias
+
+from coalesce._exceptions import ConfigurationError
+
+__all__ = ["ContextWindows", "check_windows", "refusal", "window_for"]
+
+#: One window (tokens) for every model, one per model name, or ``None``: no limit.
+ContextWindows: TypeAlias = "int | Mapping[str, int] | None"
+
+
+def check_windows(windows: ContextWindows) -> ContextWindows:
+    """Return ``windows`` if every window is a positive number of tokens.
+
+    Raises:
+        ConfigurationError: A window is not a positive integer.
+    """
+    values = windows.values() if isinstance(windows, Mapping) else [windows]
+    for value in values:
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise ConfigurationError(
+                f"context_window must be a positive number of tokens, or a mapping of model"
+                f" names to one, got {windows!r}"
+            )
+    return windows
+
+
+def window_for(windows: ContextWindows, model: str) -> int | None:
+    """Return the context window of ``model``, or ``None`` for no limit.
+
+    Args:
+        windows: The configured windows.
+        model: The requested model.
+    """
+    if isinstance(windows, Mapping):
+        return windows.get(model)
+    return windows
+
+
+def refusal(api: str, window: int, tokens_in: int, max_tokens: int | None) -> str | None:
+    """Return the provider's message refusing a request too long for ``window``, or ``None``.
+
+    Args:
+        api: ``"openai.chat"`` or ``"anthropic.messages"``.
+        window: The model's context window.
+        tokens_in: The prompt's tokens.
+        max_tokens: The completion limit the request asked for, if any.
+    """
+    wanted = tokens_in + (max_tokens or 0)
+    if wanted <= window:
+        return None
+    if api.startswith("anthropic"):
+        if tokens_in > window:
+            return f"prompt is too long: {tokens_in} tokens > {window} maximum"
+        return (
+            f"input length and `max_tokens` exceed context limit: {tokens_in} + {max_tokens}"
+            f" > {window}, decrease input length or `max_tokens` and try again"
+        )
+    return (
+        f"This model's maximum context length is {window} tokens. However, you requested"
+        f" {wanted} tokens ({tokens_in} in the messages, {max_tokens or 0} in the completion)."
+        " Please reduce the length of the messages or completion."
+    )
