@@ -360,3 +360,32 @@ async def test_partition_header_with_the_anthropic_sdk() -> None:
         answers = await gather(6, one)
     assert answers == [sim.expected_output(f"t{i}") for i in range(6)]
     assert sorted(r.items for r in sim.requests) == [3, 3]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("content", "kind"), [(float("nan"), "nan"), (float("inf"), "inf"), (object(), "object")]
+)
+async def test_a_message_json_cannot_carry_fails_only_its_call(content: Any, kind: str) -> None:
+    sim = SimulatedProvider()
+    client = coalesce.wrap(sim.openai_client(max_retries=0), max_wait=0.05)
+    results: list[Any] = [None] * 4
+
+    async def one(n: int, text: Any) -> None:
+        try:
+            reply = await client.chat.completions.create(
+                model="gpt-4o-mini", messages=[{"role": "user", "content": text}]
+            )
+        except Exception as exc:
+            results[n] = exc
+        else:
+            results[n] = reply.choices[0].message.content
+
+    async with anyio.create_task_group() as tg:
+        for n, text in enumerate(["a", "b", content, "c"]):
+            tg.start_soon(one, n, text)
+    refused = results[2]
+    assert isinstance(refused, coalesce.InvalidInputError), refused
+    assert kind in str(refused)
+    assert all(isinstance(r, str) for n, r in enumerate(results) if n != 2)
+    assert sum(r.items for r in sim.requests) == 3  # the refused call was never sent

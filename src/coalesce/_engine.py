@@ -15,7 +15,6 @@ translate their callers' arguments into items and the results back.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
@@ -24,7 +23,9 @@ from typing import Any
 
 import anyio
 
+from ._admission import ContextPolicy, admission_for, encode_item
 from ._batcher import Batcher, Resolve
+from ._exceptions import InvalidInputError
 from ._group import Group, run_group
 from ._listeners import StatisticsListener
 from ._planning.footprint import Footprint, footprint
@@ -37,6 +38,7 @@ from ._prompt_stats import PromptRecorder, PromptStatistics
 from ._report import GroupObserver, Job, Observers
 from ._spec import FunctionSpec, Options, keyed_replies
 from ._stats import BatcherStatistics
+from ._trust import SchemaTrust, declared_enforcement
 from ._validate import check_seconds
 
 __all__ = ["DEFAULT_EXPECTED_OUTPUT_TOKENS", "Engine", "budget_override", "latency_budget"]
@@ -98,11 +100,20 @@ class Engine:
         self.recorder = recorder or PromptRecorder(
             spec.name, spec.model, prices=options.prices, on_event=options.on_event
         )
-        self.planning = _planning(spec, options, self.footprint, estimator)
-        listeners: list[GroupObserver] = [StatisticsListener(self.recorder, self.footprint)]
+        self.trust = SchemaTrust(declared_enforcement(spec.provider, options.schema_enforced))
+        self.planning = _planning(spec, options, self.footprint, estimator, self.trust.enforced)
+        self.admission = admission_for(
+            spec, options, self.footprint, estimator, DEFAULT_EXPECTED_OUTPUT_TOKENS
+        )
+        listeners: list[GroupObserver] = [
+            StatisticsListener(self.recorder, self.footprint),
+            self.trust,
+            self.admission.window,
+        ]
         if self.planning is not None:
             listeners.append(self.planning)
-        self._group = Group(spec, options, Observers(*listeners, *observers), self.planning)
+        observer = Observers(*listeners, *observers)
+        self._group = Group(spec, options, observer, self.planning, self.trust)
         self.batcher: Batcher[Job, Any] = Batcher(
             self._run,
             max_wait=options.max_wait,
@@ -110,7 +121,9 @@ class Engine:
             max_concurrency=options.max_concurrency,
             partition=_partition,
             name=spec.name,
-            policy=None if self.planning is None else BudgetPolicy(self.planning),
+            policy=ContextPolicy(
+                self.admission, None if self.planning is None else BudgetPolicy(self.planning)
+            ),
             on_dispatch=self._dispatched,
             resolve_early=True,
         )
@@ -120,6 +133,10 @@ class Engine:
 
         Its budget is ``budget`` if given, else the one :func:`latency_budget` set around
         the call, else the engine's ``latency_budget``.
+
+        Raises:
+            InvalidInputError: The item is not strict JSON, or too large for the model's
+                context window (see :mod:`coalesce._admission`): only this call fails.
         """
         if budget is None:
             budget = budget_override.get()
@@ -127,10 +144,15 @@ class Engine:
             budget = self.options.latency_budget
         now = anyio.current_time()
         deadline = now + (budget if budget is not None else math.inf)
-        key = json.dumps(item, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-        job = Job(item, key, deadline, arrival=now, budget=budget, partition=partition)
-        if self.planning is not None:
-            job.plan = self.planning.plan_item(item, partition, deadline, now)
+        try:
+            key, size = encode_item(item)
+            job = Job(item, key, deadline, arrival=now, budget=budget, partition=partition)
+            if self.planning is not None:
+                job.plan = self.planning.plan_item(item, partition, deadline, now)
+            self.admission.admit(job, size)
+        except InvalidInputError:
+            self.recorder.call_finished(0.0, budget=budget, ok=False)  # refused at once
+            raise
         return job
 
     async def answer(self, job: Job) -> Any:
@@ -184,9 +206,17 @@ class Engine:
 
 
 def _planning(
-    spec: FunctionSpec, options: Options, costs: Footprint, estimator: TokenEstimator
+    spec: FunctionSpec,
+    options: Options,
+    costs: Footprint,
+    estimator: TokenEstimator,
+    early_answers: bool,
 ) -> Planning | None:
-    """A budget planner for the function, if it declared a latency budget."""
+    """A budget planner for the function, if it declared a latency budget.
+
+    ``early_answers``: streamed answers are handed over as each completes (the provider
+    is trusted to enforce the schema); otherwise every caller waits for the whole reply.
+    """
     if options.latency_budget is None:
         return None
     limits = PlanLimits(
@@ -196,7 +226,7 @@ def _planning(
         max_output_tokens=options.max_output_tokens,
         per_item_overhead_tokens=costs.item_frame,
         per_item_output_overhead_tokens=costs.answer_frame,
-        streaming=options.stream,
+        streaming=options.stream and early_answers,
     )
     # A bounded output (a classification, say) has a known longest answer.
     prior = options.expected_output_tokens or bounded_output_tokens(spec.output_schema, estimator)

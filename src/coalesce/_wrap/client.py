@@ -19,10 +19,12 @@ from types import MappingProxyType
 from typing import Any, TypeVar, cast
 
 import anyio
+import pydantic_core
 
+from .._admission import check_item
 from .._client import as_provider
 from .._engine import Engine
-from .._exceptions import ConfigurationError
+from .._exceptions import ConfigurationError, InvalidInputError
 from .._listeners import UsageShares
 from .._planning.latency import LatencyPrior
 from .._pricing import Price
@@ -135,6 +137,17 @@ class _Engines:
             await engine.aclose()
 
 
+def _check_sendable(given: Mapping[str, Any]) -> None:
+    """Refuse a call whose messages hold what JSON cannot carry (NaN, bytes, objects),
+    with the field named, before it is grouped or passed through."""
+    sent = {name: given[name] for name in ("messages", "system") if name in given}
+    try:
+        # The SDKs take pydantic models (an earlier reply's message) and bytes as well.
+        check_item(pydantic_core.to_jsonable_python(sent))
+    except pydantic_core.PydanticSerializationError as exc:
+        raise InvalidInputError(f"this call's messages cannot be sent: {exc}") from None
+
+
 class _Proxy:
     """Delegates every attribute to ``target`` except those in ``own``."""
 
@@ -188,6 +201,8 @@ class CoalescedClient(_Proxy):
     ) -> Any:
         cleaned, headers = coalesce_headers(kwargs)
         given = given_arguments(cleaned)
+        if headers.coalesce:
+            _check_sendable(given)
         if given.get("stream") is False:
             del given["stream"]  # a non-streamed call, said explicitly
         plan = planner(given, headers.budget) if headers.coalesce else None

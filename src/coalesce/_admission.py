@@ -1,0 +1,341 @@
+"""Per-item admission: each call's item is checked alone, before it joins a group.
+
+One bad item must not fail its neighbours. So before a call is submitted,
+:meth:`Admission.admit` refuses, with :class:`~coalesce.InvalidInputError` for that
+caller alone:
+
+* an item that is not strict JSON (:func:`encode_item`): NaN or infinity, a string (or
+  key) holding a lone surrogate, which UTF-8 cannot encode, bytes or any other object;
+  the error names the field (``$.tags[2]``) and what would be valid;
+* an item too large for the model's context window
+  (:class:`~coalesce._planning.context.ContextWindow`) together with the instructions
+  and its expected output.
+
+Admitted items are then kept apart when they cannot share a request:
+:class:`ContextPolicy` closes a window before an item that would push its request past
+the context window (ten 100k-token items never make one 1M-token request).
+
+Cheap on purpose (it runs on every call): the canonical JSON the engine needs anyway,
+its UTF-8 length as an upper bound on its tokens (a token covers at least one byte), and
+a real token count only for an item large enough for the bound to matter.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from ._exceptions import InvalidInputError
+from ._planning.context import ContextWindow
+from ._planning.footprint import Footprint
+from ._planning.planner import PlanItem, PlanLimits, group_tokens
+from ._planning.tokens import TokenEstimator, bounded_output_tokens, count_json_tokens
+from ._policy import DispatchPolicy, DispatchReason, Due
+from ._report import Job
+from ._spec import FunctionSpec, Options
+
+__all__ = ["Admission", "ContextPolicy", "admission_for", "check_item", "encode_item"]
+
+_VALID = (
+    "valid items hold only objects with string keys, arrays, strings, finite numbers,"
+    " true, false and null"
+)
+
+# The reply cap is reserved whole: lowering it makes room too.
+_CAP_FIX = ", lower max_output_tokens (the reply cap, kept free in the window)"
+
+Found = tuple[str, str]
+"""Where an item breaks JSON (its path) and how."""
+
+
+def check_item(item: Any) -> None:
+    """Refuse an item that cannot be sent as strict JSON.
+
+    Args:
+        item: The call's input, already converted to JSON-able Python data.
+
+    Raises:
+        InvalidInputError: If it holds NaN or infinity, a lone surrogate (in a string or
+            a key), or a value of a non-JSON type; ``field`` is its JSON path.
+    """
+    encode_item(item)
+
+
+def encode_item(item: Any) -> tuple[str, int]:
+    """The item's canonical JSON (sorted keys, compact) and its size in UTF-8 bytes.
+
+    Args:
+        item: The call's input, already converted to JSON-able Python data.
+
+    Raises:
+        InvalidInputError: As :func:`check_item`.
+    """
+    try:
+        text = json.dumps(
+            item, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False
+        )
+        return text, len(text.encode("utf-8"))
+    except (TypeError, ValueError, RecursionError) as exc:  # UnicodeEncodeError too
+        raise _refusal(item, exc) from None
+
+
+def _refusal(item: Any, cause: BaseException) -> InvalidInputError:
+    """The error naming the first field of ``item`` that JSON cannot carry."""
+    try:
+        found = _find(item, "$", set())
+    except RecursionError:
+        found = ("$", "is nested too deeply to be written as JSON; flatten it")
+    if found is None:
+        reason = str(cause).encode("utf-8", "backslashreplace").decode("utf-8")
+        return InvalidInputError(
+            f"the item cannot be written as JSON ({reason}); {_VALID}", field="$"
+        )
+    path, problem = found
+    return InvalidInputError(f"the item cannot be sent: {path} {problem}", field=path)
+
+
+def _find(value: Any, path: str, active: set[int]) -> Found | None:
+    """The first field under ``value`` (at ``path``) that strict JSON cannot carry."""
+    if value is None or isinstance(value, (bool, int)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path, _not_finite(value))
+    if isinstance(value, str):
+        return _lone_surrogate(value, path, "holds")
+    if isinstance(value, (list, tuple, dict)):
+        return _find_in_container(value, path, active)
+    kind = type(value).__name__
+    return path, f"is {_article(kind)} {kind}, which is not JSON; convert it first ({_VALID})"
+
+
+def _find_in_container(value: Any, path: str, active: set[int]) -> Found | None:
+    if id(value) in active:
+        return path, "contains itself (a circular reference), which JSON cannot write"
+    active.add(id(value))
+    try:
+        if isinstance(value, dict):
+            return _find_in_dict(value, path, active)
+        return _first(((f"{path}[{i}]", child) for i, child in enumerate(value)), active)
+    finally:
+        active.discard(id(value))
+
+
+def _first(children: Iterable[tuple[str, Any]], active: set[int]) -> Found | None:
+    for path, child in children:
+        found = _find(child, path, active)
+        if found is not None:
+            return found
+    return None
+
+
+def _find_in_dict(value: dict[Any, Any], path: str, active: set[int]) -> Found | None:
+    for key in value:
+        found = _key_problem(key, path)
+        if found is not None:
+            return found
+    found = _first(((_child(path, key), child) for key, child in value.items()), active)
+    if found is None:
+        try:
+            sorted(value)  # the canonical form sorts the keys
+        except TypeError:
+            kinds = sorted({type(key).__name__ for key in value})
+            return path, f"has keys of mixed types ({', '.join(kinds)}); use string keys"
+    return found
+
+
+def _key_problem(key: Any, path: str) -> Found | None:
+    if isinstance(key, str):
+        return _lone_surrogate(key, _child(path, key), "has a key that holds")
+    if isinstance(key, float) and not math.isfinite(key):
+        return path, f"has the key {key!r}; JSON keys are strings"
+    if key is None or isinstance(key, (bool, int, float)):
+        return None
+    kind = type(key).__name__
+    return path, f"has {_article(kind)} {kind} key, which JSON cannot write; use string keys"
+
+
+def _lone_surrogate(text: str, path: str, verb: str) -> Found | None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        char = text[exc.start]
+        return path, (
+            f"{verb} a lone surrogate {char!a} at index {exc.start}, which UTF-8 cannot"
+            " encode; remove it, or decode the source text with errors='replace'"
+        )
+    return None
+
+
+def _not_finite(value: float) -> str:
+    return f"is {value!r}, which JSON cannot represent; use a finite number or None"
+
+
+def _child(path: str, key: Any) -> str:
+    """The JSON path of ``key`` under ``path``: ``$.text``, or ``$["a b"]`` (ASCII-escaped)."""
+    name = str(key)
+    if name.isidentifier() and name.isascii():
+        return f"{path}.{name}"
+    return f"{path}[{json.dumps(name)}]"
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1].lower() in "aeiou" else "a"
+
+
+class Admission:
+    """Admits one engine's calls one at a time (see the module doc).
+
+    Args:
+        window: The model's context window (it may learn a smaller one).
+        costs: What a request costs besides its items' own tokens.
+        estimator: Counts an item's tokens when its size is close to the window.
+        output_tokens: Output tokens expected of an item not planned against a budget.
+        reply_cap: The ``max_output_tokens`` of a request: the provider keeps room for
+            the whole cap in the window, so it is reserved instead of the outputs.
+        max_items: Most items in one request.
+    """
+
+    def __init__(
+        self,
+        window: ContextWindow,
+        costs: Footprint,
+        estimator: TokenEstimator,
+        *,
+        output_tokens: int,
+        reply_cap: int | None = None,
+        max_items: int = 1,
+    ) -> None:
+        self.window = window
+        self.costs = costs
+        self.estimator = estimator
+        self.output_tokens = output_tokens
+        self.reply_cap = reply_cap
+        self.max_items = max_items
+        self.limits = PlanLimits(
+            shared_tokens=costs.shared,
+            per_item_overhead_tokens=costs.item_frame,
+            per_item_output_overhead_tokens=costs.answer_frame,
+        )
+
+    def admit(self, job: Job, size: int) -> None:
+        """Refuse ``job`` if its item cannot fit the window alone; give it a token plan.
+
+        A job planned against a budget keeps its plan; another gets one here, whose
+        input is the item's UTF-8 ``size`` when even a full group of such items fits.
+
+        Raises:
+            InvalidInputError: The item, the instructions and its expected output
+                exceed the model's context window.
+        """
+        limit = self.window.limit
+        plan = job.plan
+        if plan is None:
+            plan = job.plan = self._plan(job, size, limit)
+        if limit is not None and plan.input_tokens > self._room(limit, plan.output_tokens):
+            raise self._too_large(plan, limit)
+
+    def _plan(self, job: Job, size: int, limit: int | None) -> PlanItem:
+        tokens = size
+        if limit is not None and size * self.max_items > self._room(limit, self.output_tokens):
+            tokens = count_json_tokens(job.item, self.estimator)
+        return PlanItem(tokens, self.output_tokens, job.deadline, job.arrival)
+
+    def _output_room(self, output_tokens: int) -> int:
+        if self.reply_cap is not None:
+            return self.reply_cap
+        return output_tokens + self.costs.answer_frame
+
+    def _room(self, limit: int, output_tokens: int) -> int:
+        """Input tokens one item may have to fit the window in a request of its own."""
+        costs = self.costs
+        return limit - costs.shared - costs.item_frame - self._output_room(output_tokens)
+
+    def _too_large(self, plan: PlanItem, limit: int) -> InvalidInputError:
+        output = self._output_room(plan.output_tokens)
+        needed = self.costs.shared + self.costs.item_frame + plan.input_tokens + output
+        return InvalidInputError(
+            f"the item is about {plan.input_tokens:,} tokens: with the instructions"
+            f" ({self.costs.shared:,}) and room for its output ({output:,}), its request"
+            f" needs {needed:,} tokens, more than the model's context window of"
+            f" {limit:,} ({self.window.source}). Shorten the item or split it across"
+            f" calls{_CAP_FIX if self.reply_cap is not None else ''}, or set context_window="
+            " if the model's window is larger"
+        )
+
+    def overflows(self, jobs: Sequence[Job]) -> bool:
+        """Whether one request packing ``jobs`` would exceed the context window."""
+        limit = self.window.limit
+        if limit is None:
+            return False
+        inputs, outputs = group_tokens(_plans(jobs), self.limits)
+        if self.reply_cap is not None:
+            outputs = self.reply_cap
+        return inputs + outputs > limit
+
+    def __repr__(self) -> str:
+        return f"Admission({self.window!r})"
+
+
+def admission_for(
+    spec: FunctionSpec,
+    options: Options,
+    costs: Footprint,
+    estimator: TokenEstimator,
+    default_output_tokens: int,
+) -> Admission:
+    """The :class:`Admission` of one function's calls.
+
+    An item's expected output is ``expected_output_tokens``, else the longest output the
+    schema allows (a classification's label), else ``default_output_tokens``; with
+    ``max_output_tokens`` set, the whole cap is reserved instead.
+    """
+    window = ContextWindow(
+        spec.model, options.context_window, estimator=estimator, shared_tokens=costs.shared
+    )
+    output = options.expected_output_tokens or bounded_output_tokens(spec.output_schema, estimator)
+    return Admission(
+        window,
+        costs,
+        estimator,
+        output_tokens=output or default_output_tokens,
+        reply_cap=options.max_output_tokens,
+        max_items=options.max_items,
+    )
+
+
+def _plans(jobs: Sequence[Job]) -> list[PlanItem]:
+    plans = [job.plan for job in jobs]
+    return [plan for plan in plans if plan is not None]
+
+
+class ContextPolicy:
+    """Dispatch a window before an item that would push its request past the context
+    window; otherwise do as ``inner`` (the budget planner's policy, say) says.
+
+    Args:
+        admission: Knows the window and each admitted call's token plan.
+        inner: The policy it composes with, or ``None``.
+    """
+
+    def __init__(self, admission: Admission, inner: DispatchPolicy[Job] | None = None) -> None:
+        self.admission = admission
+        self.inner = inner
+
+    def before_add(self, members: Sequence[Job], item: Job, now: float) -> DispatchReason | None:
+        """``TOKENS`` if ``item`` would not fit with ``members`` (``SOLO`` if ``inner``
+        sends it alone anyway); else ``inner``'s answer."""
+        inner = self.inner
+        if members and self.admission.overflows([*members, item]):
+            if inner is not None and inner.before_add((), item, now) is DispatchReason.SOLO:
+                return DispatchReason.SOLO
+            return DispatchReason.TOKENS
+        return None if inner is None else inner.before_add(members, item, now)
+
+    def after_add(self, members: Sequence[Job], now: float) -> Due | None:
+        """``inner``'s due time (``None`` without one: the window's ``max_wait``)."""
+        return None if self.inner is None else self.inner.after_add(members, now)
+
+    def __repr__(self) -> str:
+        return f"ContextPolicy({self.admission!r}, inner={self.inner!r})"

@@ -1,0 +1,257 @@
+"""How many tokens one request may hold: the model's context window.
+
+Three sources, the later winning: a table of known model families (:func:`known_window`),
+the function's ``context_window=`` option, and what the provider itself said when it
+refused a request as too long (:func:`context_error_window`, learned by a
+:class:`ContextWindow` listening to the group runner). A model that is not in the table
+is not checked until its window is set or learned.
+
+The figures are the providers' public ones as of late 2026, for each family's default
+endpoint; a deployment may be smaller (a llama.cpp server started with ``-c 4096``), in
+which case its first context-length error teaches the real figure.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from .tokens import TokenEstimator, count_json_tokens
+
+if TYPE_CHECKING:
+    from .._report import Job, RequestReport, Retry
+
+__all__ = [
+    "KNOWN_WINDOWS",
+    "ContextWindow",
+    "context_error_window",
+    "is_context_error",
+    "known_window",
+]
+
+_START = r"(?<![a-z0-9])"  # a family name starts the model name or one of its parts
+
+#: Known context windows (input plus output tokens), by family: the first pattern that
+#: matches the lower-cased model name anywhere after a separator wins, so the more
+#: specific ones come first. Public figures, late 2026; unknown models are not checked
+#: until their window is set (``context_window=``) or learned from the provider.
+KNOWN_WINDOWS: tuple[tuple[str, int], ...] = (
+    # OpenAI
+    (r"gpt-4\.1", 1_047_576),
+    (r"gpt-5(?:\.\d+)?-chat", 128_000),
+    (r"gpt-5", 400_000),
+    (r"(?:chatgpt-)?gpt-4o", 128_000),
+    (r"gpt-4-turbo|gpt-4-\d{4}-preview", 128_000),
+    (r"gpt-4-32k", 32_768),
+    (r"gpt-4(?:-0314|-0613)?$", 8_192),
+    (r"gpt-3\.5-turbo", 16_385),
+    (r"o1-(?:mini|preview)", 128_000),
+    (r"o[134](?:-|$)", 200_000),
+    # Anthropic
+    (r"claude-(?:2|instant)", 100_000),
+    (r"claude", 200_000),
+    # Open-weight families, at their released (not extended) context
+    (r"(?:meta-)?llama-?3\.[123]", 128_000),
+    (r"(?:meta-)?llama-?3(?![.\d])", 8_192),
+    (r"qwen2\.5", 32_768),
+    (r"smollm2", 8_192),
+    (r"codestral", 256_000),
+    (r"mixtral-8x22b", 65_536),
+    (r"(?:open-)?mistral-(?:large|medium|nemo)|ministral", 128_000),
+    (r"(?:open-)?mi[sx]tral", 32_768),
+)
+
+_TABLE = tuple((re.compile(_START + pattern), tokens) for pattern, tokens in KNOWN_WINDOWS)
+
+
+def known_window(model: str) -> int | None:
+    """The table's context window for ``model`` (``None``: not a known family).
+
+    Args:
+        model: The model name as sent to the provider (``"gpt-4o-mini"``,
+            ``"meta-llama/Llama-3.1-8B-Instruct"``, ``"qwen2.5:7b"``...).
+    """
+    name = model.lower()
+    for pattern, tokens in _TABLE:
+        if pattern.search(name):
+            return tokens
+    return None
+
+
+# -- what providers say when a request is too long ------------------------------------
+
+_NUMBER = r"(\d[\d,_]*)"
+
+#: Messages that state the window, one capture group for it. OpenAI (and vLLM, Groq,
+#: DeepSeek and most OpenAI-compatible servers): "This model's maximum context length
+#: is 128000 tokens. However, ..."; vLLM: "... longer than the maximum model length of
+#: 4096"; Anthropic: "prompt is too long: 210000 tokens > 200000 maximum" and "input
+#: length and `max_tokens` exceed context limit: 198000 + 4096 > 200000"; llama.cpp's
+#: server: "request (6031 tokens) exceeds the available context size (1024 tokens), try
+#: increasing it" with ``"n_ctx": 1024`` in the body; Mistral: "... too large for model
+#: with 32768 maximum context length"; Hugging Face TGI: "... must be <= 4096. Given:";
+#: Gemini: "... exceeds the maximum number of tokens allowed (1048576)".
+_STATED = tuple(
+    re.compile(pattern, re.IGNORECASE)
+    for pattern in (
+        rf"maximum context length is {_NUMBER}",
+        rf"maximum model length (?:of|is) {_NUMBER}",
+        rf"prompt is too long: \d+ tokens > {_NUMBER} maximum",
+        rf"exceed context limit: \d+ \+ \d+ > {_NUMBER}",
+        rf"context size \({_NUMBER} tokens\)",
+        rf"['\"]n_ctx['\"]\s*:\s*{_NUMBER}",
+        rf"too large for model with {_NUMBER} maximum context length",
+        rf"must be <= {_NUMBER}\. Given:",
+        rf"maximum number of tokens allowed \({_NUMBER}\)",
+    )
+)
+
+#: Messages (or error codes) of a context-length error that may not state the window:
+#: OpenAI's ``context_length_exceeded`` code, llama.cpp's older "the request exceeds the
+#: available context size, try increasing it" and its mid-reply "Context size has been
+#: exceeded.", Ollama's "input length exceeds the context length".
+_UNSTATED = re.compile(
+    r"context_length_exceeded|exceed_context_size_error|exceeds the available context size"
+    r"|context size has been exceeded|exceeds the context (?:window|length)"
+    r"|input length exceeds the context length|prompt is too long|maximum context length",
+    re.IGNORECASE,
+)
+
+
+def _messages(error: BaseException) -> list[str]:
+    """The texts of ``error`` and of the errors it was raised from (a few levels), with
+    the SDKs' parsed error bodies (where a server's error type and code are)."""
+    texts: list[str] = []
+    current: BaseException | None = error
+    for _ in range(4):
+        if current is None:
+            break
+        texts.append(str(current))
+        body = getattr(current, "body", None)
+        if body is not None:
+            texts.append(str(body))
+        current = current.__cause__ or current.__context__
+    return texts
+
+
+def context_error_window(error: BaseException) -> int | None:
+    """The context window a provider's error states, if it is a context-length error.
+
+    ``None`` when the error is not one, or does not say the window (see
+    :func:`is_context_error` for those).
+
+    Args:
+        error: What the provider raised (its SDK's exception, or ours with it as cause).
+    """
+    for text in _messages(error):
+        for pattern in _STATED:
+            found = pattern.search(text)
+            if found is not None:
+                return int(re.sub(r"[,_]", "", found.group(1)))
+    return None
+
+
+def is_context_error(error: BaseException) -> bool:
+    """Whether ``error`` says the request did not fit the model's context window.
+
+    Args:
+        error: What the provider raised.
+    """
+    if context_error_window(error) is not None:
+        return True
+    return any(_UNSTATED.search(text) for text in _messages(error))
+
+
+class ContextWindow:
+    """One model's context window: from the table, the option, or the provider's word.
+
+    A :class:`~coalesce._report.GroupObserver`: a request the provider refused as too
+    long teaches the window it states or, when it states none (and an ``estimator`` is
+    given), that the window is smaller than what was sent.
+
+    Args:
+        model: The model name (looked up in :data:`KNOWN_WINDOWS`).
+        configured: The ``context_window=`` option, which replaces the table's figure.
+        estimator: Counts a refused request's items, when the error states no window.
+        shared_tokens: Tokens every request pays besides its items (instructions).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        configured: int | None = None,
+        *,
+        estimator: TokenEstimator | None = None,
+        shared_tokens: int = 0,
+    ) -> None:
+        self.model = model
+        self.configured = configured
+        self.known = known_window(model)
+        self.learned: int | None = None
+        self._estimator = estimator
+        self._shared = shared_tokens
+
+    @property
+    def limit(self) -> int | None:
+        """Tokens one request may hold, input and output together (``None``: unknown)."""
+        if self.learned is not None:
+            return self.learned
+        return self.configured if self.configured is not None else self.known
+
+    @property
+    def source(self) -> str:
+        """Where :attr:`limit` comes from, for messages."""
+        if self.learned is not None:
+            return "as the provider's context-length error said"
+        if self.configured is not None:
+            return "set by context_window="
+        return f"known for {self.model!r}"
+
+    def learn(self, error: BaseException, *, sent_tokens: int | None = None) -> bool:
+        """Learn from ``error`` if it is a context-length error; whether it was one.
+
+        Args:
+            error: What the provider raised.
+            sent_tokens: Estimated tokens of the refused request, used when the error
+                does not state the window (the window is then taken as one less).
+        """
+        stated = context_error_window(error)
+        if stated is None and sent_tokens is not None and is_context_error(error):
+            current = self.limit
+            stated = sent_tokens - 1 if current is None else min(current, sent_tokens - 1)
+        if stated is None or stated < 1:
+            return False
+        self.learned = stated
+        return True
+
+    # -- a GroupObserver ---------------------------------------------------------------
+
+    def request_sent(self, slots: Mapping[str, Sequence[Job]], reask: bool) -> None:
+        """Nothing to learn before the reply."""
+
+    def request_done(self, report: RequestReport) -> None:
+        """Learn from a request the provider refused as too long."""
+        error = report.error
+        if error is not None and is_context_error(error):
+            self.learn(error, sent_tokens=self._sent_tokens(report))
+
+    def _sent_tokens(self, report: RequestReport) -> int | None:
+        """Estimated tokens of the request of ``report``: instructions, items, outputs."""
+        if self._estimator is None or not report.slots:
+            return None
+        total = self._shared
+        for jobs in report.slots.values():
+            plan = jobs[0].plan
+            total += count_json_tokens(jobs[0].item, self._estimator)
+            total += 0 if plan is None else plan.output_tokens
+        return total
+
+    def retrying(self, retry: Retry) -> None:
+        """Nothing to learn from a retry (a context error is not retried)."""
+
+    def group_done(self, jobs: Sequence[Job]) -> None:
+        """Nothing to learn when a group is done."""
+
+    def __repr__(self) -> str:
+        return f"ContextWindow({self.model!r}, limit={self.limit}, {self.source})"
