@@ -585,9 +585,11 @@ async def test_a_partition_function_that_fails_fails_only_its_own_call() -> None
 
     tag = echo_prompt(echo, partition=by_tenant)
     results = await gather(tag("a"), tag("bad"), tag("list"), tag("b"))
-    assert results[0] == "out:a" and results[3] == "out:b"
+    assert results[0] == "out:a"
+    assert results[3] == "out:b"
     for failed in results[1:3]:
         assert isinstance(failed, coalesce.ConfigurationError)
-        assert "partition function" in str(failed) and "by_tenant" in str(failed)
+        assert "partition function" in str(failed)
+        assert "by_tenant" in str(failed)
     assert isinstance(results[1].__cause__, KeyError)
     assert [sorted(inputs) for inputs in echo.inputs()] == [["a", "b"]]

@@ -4,9 +4,8 @@ on virtual time, calls arriving every 10 ms."""
 
 from __future__ import annotations
 
-import math
-
 import json
+import math
 from typing import Any, Literal
 
 import anyio
@@ -107,7 +106,7 @@ async def test_per_call_budget_override() -> None:
     async def tag(ticket: str) -> Tag:
         """Tag the support ticket."""
 
-    with coalesce.latency_budget(0.2), pytest.raises(coalesce.RequestTimeoutError, match="0.2 s"):
+    with coalesce.latency_budget(0.2), pytest.raises(coalesce.RequestTimeoutError, match=r"0\.2 s"):
         await tag("urgent")
     assert tag.batcher_statistics().batches_by_reason["solo"] == 1
     assert tag.statistics().unmeetable_budgets == 1

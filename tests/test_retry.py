@@ -16,6 +16,7 @@ import httpx
 import openai
 import pytest
 
+import coalesce
 from coalesce import ConfigurationError
 from coalesce._report import Retry
 from coalesce._retry import (
@@ -200,11 +201,26 @@ async def test_hang_is_cut_by_attempt_timeout_and_retried() -> None:
     provider = OpenAIProvider(sim.openai_client())
     events: list[Retry] = []
     completion = await complete_with_retries(
-        provider, REQUEST, attempt_timeout=10, on_retry=events.append
+        provider,
+        REQUEST,
+        attempt_timeout=10,
+        deadline=anyio.current_time() + 60,  # a budget leaves room for another attempt
+        on_retry=events.append,
     )
     assert completion.text == expected_output("hello")
-    assert isinstance(events[0].error, TimeoutError)
+    assert isinstance(events[0].error, coalesce.RequestTimeoutError)
     assert [r.faults for r in sim.requests] == [("hang",), ()]
+
+
+async def test_without_a_deadline_a_timed_out_attempt_is_not_retried() -> None:
+    # The timeout is then the longest its callers wait.
+    sim = SimulatedProvider(faults=FaultPlan(script=["hang"], hang_seconds=100))
+    provider = OpenAIProvider(sim.openai_client())
+    started = anyio.current_time()
+    with pytest.raises(coalesce.RequestTimeoutError, match="10 s timeout"):
+        await complete_with_retries(provider, REQUEST, attempt_timeout=10)
+    assert anyio.current_time() - started == pytest.approx(10, abs=0.01)
+    assert len(sim.requests) == 1
 
 
 async def test_last_attempt_timeout_raises_timeout_error() -> None:

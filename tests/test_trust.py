@@ -192,7 +192,8 @@ async def test_statistics_count_requests_while_answers_stream() -> None:
     async with anyio.create_task_group() as tg:
         for text in "abcdefgh":  # two groups of four, answered mid-stream
             tg.start_soon(one, text)
-    assert seen and all(requests == 2 for requests, _ in seen)
+    assert len(seen) == 8
+    assert all(requests == 2 for requests, _ in seen)
     assert all(in_flight >= 1 for _, in_flight in seen)  # read before the replies ended
     await tag.aclose()
     stats = tag.statistics()

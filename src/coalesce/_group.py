@@ -125,6 +125,8 @@ async def ask(group: Group, jobs: list[Job], indexes: list[int], resolve: Resolv
     outcomes, split = judge(group, asked, sent)
     _report(group, asked, sent, outcomes, split)
     return _apply(group, asked, sent, outcomes, resolve)
+
+
 def build(group: Group, jobs: list[Job], indexes: list[int]) -> Asked:
     """The request for the calls at ``indexes``: deduplicated, in writing order."""
     spec, options = group.spec, group.options

@@ -172,9 +172,7 @@ class ContradictionEvent:
 
 
 #: Anything passed to an ``on_event`` hook.
-Event = (
-    CallEvent | DispatchEvent | RequestEvent | RetryEvent | UnmeetableEvent | ContradictionEvent
-)
+Event = CallEvent | DispatchEvent | RequestEvent | RetryEvent | UnmeetableEvent | ContradictionEvent
 #: An ``on_event`` hook: called synchronously; its exceptions are logged and ignored.
 EventHook = Callable[[Event], None]
 
