@@ -574,8 +574,10 @@ async def test_a_window_learned_from_the_provider_refuses_later_items_at_once() 
     async def reply(ticket: dict[str, Any]) -> str:
         """Answer the ticket."""
 
-    with pytest.raises(RuntimeError, match="maximum context length"):  # the provider's own
+    with pytest.raises(InvalidInputError, match="too large for the model's context") as info:
         await reply({"id": 0, "text": "x" * 2100})
+    assert isinstance(info.value.__cause__, RuntimeError)  # the provider's own, as the cause
+    assert "maximum context length is 1000 tokens" in str(info.value)
     assert seen == [-1]
     with pytest.raises(InvalidInputError, match="1,000 \\(as the provider's context-length"):
         await reply({"id": 5, "text": "word " * 1200})
@@ -607,8 +609,9 @@ async def test_wrap_learns_the_window_from_the_providers_refusal(kind: str) -> N
         else sim.anthropic_client(max_retries=0)
     )
     async with wrap(sdk_client, max_wait=0.0) as client:
-        with pytest.raises((openai.BadRequestError, anthropic.BadRequestError)):
-            await create(long)  # the provider's own error: nothing was known yet
+        with pytest.raises(InvalidInputError, match="the provider said") as info:
+            await create(long)  # refused by the provider: nothing was known yet
+        assert isinstance(info.value.__cause__, (openai.BadRequestError, anthropic.BadRequestError))
         with pytest.raises(InvalidInputError, match="context window of 2,000 \\(as the provider"):
             await create(long)  # refused at once from now on
         assert await create(short) == sim.expected_output(short, {"type": "string"})

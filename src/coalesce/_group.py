@@ -26,7 +26,7 @@ from typing import Any
 import anyio
 
 from ._batcher import Resolve
-from ._exceptions import RequestTimeoutError
+from ._exceptions import InvalidInputError, RequestTimeoutError
 from ._planning.context import is_context_error
 from ._planning.planner import streaming_order
 from ._planning.state import Planning
@@ -116,11 +116,14 @@ async def ask(group: Group, jobs: list[Job], indexes: list[int], resolve: Resolv
     sent = await send(group, asked, resolve)
     if sent.error is not None and not sent.streamed:
         _report(group, asked, sent, {})
-        if len(asked.slots) > 1 and is_context_error(sent.error):
-            return indexes  # too long for the model together: asked again in halves
+        error = sent.error
+        if is_context_error(error):
+            if len(asked.slots) > 1:
+                return indexes  # too long for the model together: asked again in halves
+            error = _too_long(error)
         for index in indexes:  # the provider's own error, to this request's callers only
             if not jobs[index].done:
-                _give(jobs, index, sent.error, resolve)
+                _give(jobs, index, error, resolve)
         return []
     outcomes, split = judge(group, asked, sent)
     _report(group, asked, sent, outcomes, split)
@@ -246,6 +249,17 @@ async def _free_at_deadlines(
             sent.abandoned = True
             request.cancel()
             return
+
+
+def _too_long(error: BaseException) -> InvalidInputError:
+    """A lone item the provider refused as too long for the model's context window."""
+    refused = InvalidInputError(
+        "the item is too large for the model's context window, with the instructions and"
+        f" room for its output (the provider said: {error}); shorten or split it, or lower"
+        " max_output_tokens"
+    )
+    refused.__cause__ = error
+    return refused
 
 
 def _timeout_error(job: Job, now: float) -> RequestTimeoutError:
