@@ -364,7 +364,13 @@ async def test_partition_header_with_the_anthropic_sdk() -> None:
 
 @pytest.mark.anyio
 @pytest.mark.parametrize(
-    ("content", "kind"), [(float("nan"), "nan"), (float("inf"), "inf"), (object(), "object")]
+    ("content", "kind"),
+    [
+        (float("nan"), "nan"),
+        (float("inf"), "inf"),
+        (object(), "object"),
+        (b"\xff\xfe", "utf-8"),  # bytes that are not text
+    ],
 )
 async def test_a_message_json_cannot_carry_fails_only_its_call(content: Any, kind: str) -> None:
     sim = SimulatedProvider()

@@ -144,8 +144,11 @@ def _check_sendable(given: Mapping[str, Any]) -> None:
     try:
         # The SDKs take pydantic models (an earlier reply's message) and bytes as well.
         check_item(pydantic_core.to_jsonable_python(sent))
-    except pydantic_core.PydanticSerializationError as exc:
-        raise InvalidInputError(f"this call's messages cannot be sent: {exc}") from None
+    except (pydantic_core.PydanticSerializationError, UnicodeDecodeError) as exc:
+        raise InvalidInputError(
+            f"this call's messages cannot be sent: {exc}; pass text (str) or the SDK's"
+            " content parts"
+        ) from None
 
 
 class _Proxy:
