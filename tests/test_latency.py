@@ -64,7 +64,7 @@ def feed(
 
 def test_prior_defaults_are_hosted_model_scale() -> None:
     prior = LatencyPrior()
-    assert (prior.overhead, prior.prefill_per_token, prior.decode_per_token) == (0.5, 1e-4, 0.02)
+    assert (prior.overhead, prior.prefill_per_token, prior.decode_per_token) == (0.45, 1e-4, 1 / 75)
 
 
 @pytest.mark.parametrize("field", ["overhead", "prefill_per_token", "decode_per_token"])

@@ -23,19 +23,13 @@ if TYPE_CHECKING:
     from .._report import Job, RequestReport, Retry
     from ..providers import Completion
 
-__all__ = ["SLOW_START", "Planning"]
-
-#: Largest group before the planner has measured any: after that, at most twice the
-#: largest measured, so predictions never extrapolate far beyond what was observed.
-SLOW_START = 8
-
+__all__ = ["Planning"]
 
 class Planning:
     """What the budget planner learns and knows about one decorated function.
 
     ``limits`` is what the planner applies now: the configured limits, with
-    ``max_items`` held back by the slow start and ``max_wait`` stretched while the
-    provider's request quota is the binding one (see :func:`~coalesce._planning.planner.pack_more`).
+    ``max_wait`` stretched while the provider's request quota is the binding one (see :func:`~coalesce._planning.planner.pack_more`).
 
     Args:
         limits: The configured limits.
@@ -61,9 +55,11 @@ class Planning:
         self.limits = self._current_limits(0.0)
 
     def _current_limits(self, now: float) -> PlanLimits:
-        allowed = min(max(SLOW_START, 2 * self.largest), self.configured.max_items)
-        limits = dataclasses.replace(self.configured, max_items=allowed)
-        return pack_more(self.quota, limits, self.pace(now), now)
+        # No fixed slow start: a group grows as far as its predicted finish fits its
+        # members' deadlines (the prediction carries its own uncertainty: a wide default
+        # margin until enough replies were measured), so a generous budget fills
+        # max_items from the first call.
+        return pack_more(self.quota, self.configured, self.pace(now), now)
 
     def pace(self, now: float) -> Pace:
         """Requests per second and tokens per request over the recent requests."""

@@ -365,8 +365,9 @@ def bounded_output_tokens(schema: Mapping[str, Any], estimator: TokenEstimator) 
     An output made only of enums, constants, booleans and nulls (in objects, fixed
     tuples, arrays with ``maxItems`` and unions, ``$ref`` into ``$defs`` resolved) has a
     longest instance: a classification's answer, for example. Its tokens, as compact
-    JSON, are a safe expected size before any reply was measured. Free strings and
-    numbers have no such bound.
+    JSON, are a safe expected size before any reply was measured. Numbers count at a
+    typical width (their bounds' when both are given), and dates, times and UUIDs at
+    theirs; free strings have no bound.
 
     Args:
         schema: A JSON schema (as pydantic writes it).
@@ -379,6 +380,25 @@ def bounded_output_tokens(schema: Mapping[str, Any], estimator: TokenEstimator) 
 
 
 _UNBOUNDED: Any = object()
+# A number without bounds is rarely long in an answer (a score, a count, a year): an
+# instance of this size stands in for it; the sizes measured from replies replace it.
+_TYPICAL_INTEGER = -1_000_000
+_TYPICAL_NUMBER = -1_000.125
+_FORMATTED = {
+    "date": "2026-11-30",
+    "date-time": "2026-11-30T23:59:59.999999Z",
+    "time": "23:59:59.999999",
+    "uuid": "00000000-0000-0000-0000-000000000000",
+}
+
+
+def _typical_number(node: Mapping[str, Any], *, integer: bool) -> float:
+    """The widest of a number's bounds, or a typical width when it has none."""
+    bounds = [node.get(k) for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")]
+    known = [b for b in bounds if isinstance(b, (int, float)) and not isinstance(b, bool)]
+    if len(known) >= 2:
+        return max(known, key=lambda b: len(json.dumps(b)))
+    return _TYPICAL_INTEGER if integer else _TYPICAL_NUMBER
 
 
 def _longest_instance(node: Any, root: Mapping[str, Any], *, depth: int) -> Any:
@@ -404,6 +424,10 @@ def _longest_instance(node: Any, root: Mapping[str, Any], *, depth: int) -> Any:
         return False
     if kind == "null":
         return None
+    if kind in ("integer", "number"):
+        return _typical_number(node, integer=kind == "integer")
+    if kind == "string" and node.get("format") in _FORMATTED:
+        return _FORMATTED[node["format"]]
     if kind == "object" and isinstance(node.get("properties"), Mapping):
         if node.get("additionalProperties", False) is not False:
             return _UNBOUNDED
