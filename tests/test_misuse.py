@@ -21,6 +21,7 @@ from coalesce import (
     BatchError,
     ConfigurationError,
     InvalidInputError,
+    InvalidOutputError,
     MissingOutputError,
     ResultCountError,
 )
@@ -482,15 +483,30 @@ async def test_prose_from_the_provider_shows_the_reply_not_an_internal_id(stream
 
     results = await gather(count("a"), count("b"))
     for error in results:
-        assert type(error) is MissingOutputError
+        # The last attempts ask each alone, as a plain call, whose reply was not JSON.
+        assert type(error) is InvalidOutputError
         message = str(error)
-        assert message.startswith("the reply had no result for this call (the reply began: ")
+        assert message.startswith("the reply was not JSON (the reply began: ")
         assert repr(PROSE[:200]) + "...)" in message
         assert message.endswith("; gave up after 4 attempts")
         assert "item '" not in message
         assert "id '" not in message
         assert error.item_id == "1"  # kept as an attribute (the id in its last request)
-        assert (error.raw, error.attempts) == (None, 4)
+        assert error.attempts == 4
+
+
+async def test_prose_to_a_packed_request_says_the_call_had_no_result() -> None:
+    async def chatty(request: CompletionRequest) -> str:
+        return PROSE
+
+    @coalesce.prompt(client=CallableProvider(chatty), model="m", max_wait=1.0, max_attempts=1)
+    async def count(text: str) -> int:
+        """Count the words."""
+
+    for error in await gather(count("a"), count("b")):
+        assert type(error) is MissingOutputError
+        assert str(error).startswith("the reply had no result for this call (the reply began: ")
+        assert (error.raw, error.attempts) == (None, 1)
 
 
 # -- 9. options of the wrong kind -----------------------------------------------------------

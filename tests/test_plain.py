@@ -10,7 +10,13 @@ import pytest
 
 from coalesce._exceptions import ConfigurationError
 from coalesce._wire.outcomes import FailureKind, failure_error
-from coalesce._wire.plain import PLAIN_ID, has_plain_form, plain_request, split_plain, text_output
+from coalesce._wire.plain import (
+    PLAIN_ID,
+    plain_request,
+    split_plain,
+    text_output,
+    wrapped_output,
+)
 
 
 class Verdict(pydantic.BaseModel):
@@ -19,21 +25,52 @@ class Verdict(pydantic.BaseModel):
 
 
 @pytest.mark.parametrize(
-    ("schema", "alone"),
+    ("schema", "wrapped"),
     [
-        (Verdict.model_json_schema(), True),
-        ({"type": "object", "properties": {"x": {"type": "integer"}}}, True),
-        ({"properties": {"x": {"type": "integer"}}}, True),
-        ({"type": "string"}, True),  # text: the reply is the output
-        ({"type": "string", "maxLength": 5}, False),
-        ({"enum": ["a", "b"]}, False),
-        ({"type": "array", "items": {"type": "integer"}}, False),
-        ({"$ref": "#/$defs/A", "$defs": {"A": {"type": "object"}}}, False),
-        ({"anyOf": [{"type": "object"}, {"type": "null"}]}, False),
+        (Verdict.model_json_schema(), False),
+        ({"type": "object", "properties": {"x": {"type": "integer"}}}, False),
+        ({"properties": {"x": {"type": "integer"}}}, False),
+        ({"type": "string"}, False),  # text: the reply is the output
+        ({"type": "string", "maxLength": 5}, True),
+        ({"enum": ["a", "b"]}, True),
+        ({"type": "array", "items": {"type": "integer"}}, True),
+        ({"$ref": "#/$defs/A", "$defs": {"A": {"type": "object"}}}, True),
+        ({"anyOf": [{"type": "object"}, {"type": "null"}]}, True),
     ],
 )
-def test_only_object_and_text_outputs_are_asked_alone(schema: dict[str, Any], alone: bool) -> None:
-    assert has_plain_form(schema) is alone
+def test_outputs_that_are_not_objects_or_text_are_asked_wrapped(
+    schema: dict[str, Any], wrapped: bool
+) -> None:
+    assert wrapped_output(schema) is wrapped
+
+
+def test_a_scalar_output_is_asked_as_an_answer_object_and_unwrapped() -> None:
+    schema = pydantic.TypeAdapter(Literal["good", "bad"]).json_schema()
+    request = plain_request("Judge the review.", "it is fine", schema)
+    assert request.reply_schema == {
+        "type": "object",
+        "properties": {"answer": {"enum": ["good", "bad"], "type": "string"}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
+    validate = pydantic.TypeAdapter(Literal["good", "bad"]).validate_python
+    split = split_plain('{"answer": "bad"}', validate, wrapped=True)
+    assert split.values == {PLAIN_ID: "bad"}
+    split = split_plain('{"answer": "meh"}', validate, wrapped=True)
+    assert split.failures[PLAIN_ID].kind is FailureKind.INVALID
+
+
+def test_a_wrapped_output_keeps_its_definitions_at_the_root() -> None:
+    schema = pydantic.TypeAdapter(list[Verdict]).json_schema()
+    request = plain_request("Judge.", "x", schema)
+    assert set(request.reply_schema) == {
+        "type",
+        "properties",
+        "required",
+        "additionalProperties",
+        "$defs",
+    }
+    assert request.reply_schema["properties"]["answer"]["items"] == {"$ref": "#/$defs/Verdict"}
 
 
 def test_plain_request_is_what_a_plain_call_sends() -> None:

@@ -199,10 +199,12 @@ async def test_a_group_of_one_is_asked_as_a_plain_call() -> None:
     # Text is asked for as text, and the reply is the answer.
     assert await summarise("long ticket") == 'Here it is: {"level": 1}'
     assert (seen[-1].system, seen[-1].reply_schema) == ("Summarise the ticket.", None)
-    # An output that is not an object cannot be a plain call's structured output.
+    # An output that is not an object is asked for wrapped, as {"answer": ...}: this
+    # provider answers {"level": 1}, which is no answer, so the call fails.
     with pytest.raises(ItemError):
         await label("x")
-    assert seen[-1].user.startswith('[{"id":"1"')
+    assert seen[-1].user == "x"
+    assert seen[-1].reply_schema["required"] == ["answer"]
     for fn in (grade, grade_model, label, summarise):
         await fn.aclose()
 

@@ -38,7 +38,7 @@ from ._trust import SchemaTrust, schema_broken
 from ._wire.jsonstream import Resolved, StreamSplitter
 from ._wire.outcomes import FailureKind, ItemFailure, Split, failure_error
 from ._wire.packing import PackedRequest, pack_request, split_reply
-from ._wire.plain import has_plain_form, plain_request, split_plain, text_output
+from ._wire.plain import plain_request, split_plain, text_output, wrapped_output
 from .providers import Completion, CompletionRequest
 
 __all__ = ["Asked", "Group", "Sent", "build", "judge", "run_group", "send"]
@@ -278,7 +278,11 @@ def judge(group: Group, asked: Asked, sent: Sent) -> tuple[dict[str, Any], Split
     completion, validate = sent.completion, group.spec.validate
     if asked.plain:
         plain = split_plain(
-            completion.text, validate, truncated=completion.truncated, as_text=asked.text
+            completion.text,
+            validate,
+            truncated=completion.truncated,
+            as_text=asked.text,
+            wrapped=wrapped_output(group.spec.output_schema),
         )
         return {**plain.values, **plain.failures}, None
     split = split_reply(
@@ -374,12 +378,12 @@ def _give(jobs: list[Job], index: int, outcome: Any, resolve: Resolve) -> None:
 def _request_for(group: Group, items: list[Any]) -> tuple[PackedRequest, bool]:
     """The request asking for ``items``, and whether it is a plain call of one item.
 
-    A group of one gains nothing from packing: when its output can be asked for on its
-    own (an object, or text), it is asked as a plain call would ask it.
+    A group of one gains nothing from packing: it is asked as a plain call would ask it
+    (see :mod:`coalesce._wire.plain`).
     """
     spec = group.spec
     structured = spec.provider.structured
-    if len(items) == 1 and has_plain_form(spec.output_schema):
+    if len(items) == 1:
         plain = plain_request(
             spec.instructions, items[0], spec.output_schema, structured=structured
         )

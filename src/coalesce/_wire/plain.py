@@ -2,16 +2,16 @@
 
 A packed request pays for its format: the reply-format sentence, the reply schema's
 wrapper and the item's frame, about a sixth more prompt tokens than the same item
-asked on its own. A group of one gains nothing from packing, so when the output can
-be asked for on its own (its schema is an object, which is what OpenAI's structured
-outputs and Anthropic's tool inputs take as a root, or it is plain text), it is sent
-as the application would send it without coalesce:
+asked on its own. A group of one gains nothing from packing, so it is sent as the
+application would send it without coalesce:
 
 * **system**: the instructions only (with a one-sentence reply format and the output
   schema when the output is an object and the provider does not enforce a schema);
 * **user**: the item: a string as it is, anything else as compact JSON;
 * **reply schema**: the output schema itself (titles that only repeat a name left
-  out); none for a text output.
+  out); none for a text output. An output whose root is not an object (a ``Literal``,
+  a number, a list) is asked for as ``{"answer": <output>}``, since OpenAI's structured
+  outputs and Anthropic's tool inputs take only an object as the root.
 
 The reply is the output itself (the text, for a text output), validated like a packed
 one; a failure gets the same :class:`~coalesce._wire.outcomes.ItemFailure` kinds, so
@@ -27,7 +27,14 @@ from typing import Any, TypeVar
 from .outcomes import FailureKind, ItemFailure, Occurrence, Split, judge
 from .packing import PackedRequest, pack_value, untitled_schema
 
-__all__ = ["PLAIN_ID", "has_plain_form", "plain_request", "split_plain", "text_output"]
+__all__ = [
+    "ANSWER_KEY",
+    "PLAIN_ID",
+    "plain_request",
+    "split_plain",
+    "text_output",
+    "wrapped_output",
+]
 
 T = TypeVar("T")
 
@@ -40,16 +47,38 @@ def text_output(output_schema: Mapping[str, Any]) -> bool:
     return dict(output_schema) == {"type": "string"}
 
 
-def has_plain_form(output_schema: Mapping[str, Any]) -> bool:
-    """Whether an output of this schema can be asked for by a plain call: it is text, or
-    its root is an object (OpenAI's structured outputs and Anthropic's tool inputs take
-    no other)."""
-    if text_output(output_schema):
-        return True
+#: The key a scalar output is wrapped in when the provider takes only an object root.
+ANSWER_KEY = "answer"
+
+
+def wrapped_output(output_schema: Mapping[str, Any]) -> bool:
+    """Whether a plain call asks for this output wrapped in ``{"answer": ...}``: it is
+    neither text nor an object (a ``Literal``, a number, a list...), and OpenAI's
+    structured outputs and Anthropic's tool inputs take only an object as the root."""
+    return not text_output(output_schema) and not _object_root(output_schema)
+
+
+def _object_root(output_schema: Mapping[str, Any]) -> bool:
     kind = output_schema.get("type")
     return (kind == "object" or (kind is None and "properties" in output_schema)) and not any(
         key in output_schema for key in ("$ref", "anyOf", "oneOf", "allOf")
     )
+
+
+def _plain_schema(output_schema: Mapping[str, Any]) -> dict[str, Any]:
+    schema = untitled_schema(output_schema)
+    if not wrapped_output(output_schema):
+        return schema
+    defs = schema.pop("$defs", None)  # references into them stay valid from the root
+    wrapper: dict[str, Any] = {
+        "type": "object",
+        "properties": {ANSWER_KEY: schema},
+        "required": [ANSWER_KEY],
+        "additionalProperties": False,
+    }
+    if defs is not None:
+        wrapper["$defs"] = defs
+    return wrapper
 
 
 def plain_request(
@@ -60,8 +89,8 @@ def plain_request(
     Args:
         instructions: The shared task instructions.
         item: The item: a string is sent as it is, anything else as compact JSON.
-        output_schema: JSON schema of the output, an object or text (see
-            :func:`has_plain_form`).
+        output_schema: JSON schema of the output: text, an object, or anything else
+            (asked for wrapped in ``{"answer": ...}``, see :func:`wrapped_output`).
         structured: The provider enforces the reply schema; when false, the schema is
             spelled out in the system message instead.
 
@@ -72,7 +101,7 @@ def plain_request(
         ConfigurationError: The item is not JSON-able.
     """
     text = text_output(output_schema)
-    schema = {} if text else untitled_schema(output_schema)
+    schema = {} if text else _plain_schema(output_schema)
     system = instructions.rstrip()
     if not structured and not text:
         described = json.dumps(schema, ensure_ascii=False, sort_keys=True)
@@ -85,7 +114,12 @@ def plain_request(
 
 
 def split_plain(
-    text: str, validate: Callable[[Any], T], *, truncated: bool = False, as_text: bool = False
+    text: str,
+    validate: Callable[[Any], T],
+    *,
+    truncated: bool = False,
+    as_text: bool = False,
+    wrapped: bool = False,
 ) -> Split[T]:
     """The outcome of a plain call's reply: its one value, or why there is none.
 
@@ -99,8 +133,11 @@ def split_plain(
             marks the output invalid.
         truncated: The provider said the reply was cut off.
         as_text: The output is text (:func:`text_output`).
+        wrapped: The output was asked for as ``{"answer": ...}`` (:func:`wrapped_output`).
     """
     found, raw = (bool(text) and not truncated, text) if as_text else _json_object(text)
+    if found and wrapped:
+        found, raw = _unwrap(raw)
     failure: ItemFailure | None = None
     if not found:
         if truncated:
@@ -115,6 +152,12 @@ def split_plain(
             return Split((PLAIN_ID,), {PLAIN_ID: outcome}, {}, (), truncated)
         failure = outcome
     return Split((PLAIN_ID,), {}, {PLAIN_ID: failure}, (), truncated)
+
+
+def _unwrap(raw: Any) -> tuple[bool, Any]:
+    if isinstance(raw, dict) and ANSWER_KEY in raw:
+        return True, raw[ANSWER_KEY]
+    return True, raw  # the bare output, or something validation will refuse
 
 
 def _json_object(text: str) -> tuple[bool, Any]:

@@ -163,10 +163,28 @@ def _single_value(prompt: Prompt, lengths: OutputTokens) -> Any:
         # An item sent as JSON (a plain call of one structured item) is that value.
         with contextlib.suppress(ValueError):
             question = json.loads(question)
+    inner = _answer_schema(prompt.schema)
+    if inner is not None:  # a scalar asked for as {"answer": ...}: the same answer, wrapped
+        tokens = target_tokens(lengths, question)
+        return {"answer": expected_output(question, inner, output_tokens=tokens)}
     value = expected_output(question, prompt.schema, output_tokens=target_tokens(lengths, question))
     if prompt.schema is None and (prompt.json_mode or prompt.tool is not None):
         return {"output": value}
     return value
+
+
+def _answer_schema(schema: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The output schema inside a plain call's ``{"answer": ...}`` wrapper (coalesce asks
+    for an output that is not an object this way), or ``None``."""
+    if schema is None or schema.get("type") != "object":
+        return None
+    properties = schema.get("properties")
+    if not isinstance(properties, Mapping) or list(properties) != ["answer"]:
+        return None
+    inner = dict(properties["answer"])
+    if "$defs" in schema:
+        inner["$defs"] = schema["$defs"]
+    return inner
 
 
 def cut_to_tokens(text: str, limit: int, count: Counter) -> str:
