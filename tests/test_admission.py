@@ -464,7 +464,9 @@ async def test_prompt_a_poison_item_fails_only_its_caller(poison: dict[str, Any]
     async def fake(request: CompletionRequest) -> str:
         return await answer_each(request, seen)
 
-    @coalesce.prompt(client=CallableProvider(fake), model="smollm2", max_items=10, max_wait=0.5)
+    @coalesce.prompt(
+        packing="always", client=CallableProvider(fake), model="smollm2", max_items=10, max_wait=0.5
+    )
     async def reply(ticket: dict[str, Any]) -> str:
         """Answer the ticket."""
 
@@ -509,7 +511,9 @@ async def test_wrap_openai_a_poison_item_fails_only_its_caller(poison: str, stre
             [chunk.choices[0].delta.content or "" async for chunk in reply if chunk.choices]
         )
 
-    async with wrap(sim.openai_client(max_retries=0), max_items=10, max_wait=0.5) as client:
+    async with wrap(
+        sim.openai_client(max_retries=0), max_items=10, max_wait=0.5, packing="always"
+    ) as client:
         results = await call_all(create, [*texts, poison])
     assert_nine_right_and_one_refused(
         results, [sim.expected_output(t, {"type": "string"}) for t in texts]
@@ -529,7 +533,9 @@ async def test_wrap_anthropic_a_poison_item_fails_only_its_caller(poison: str) -
         assert block.type == "text"
         return str(block.text)
 
-    async with wrap(sim.anthropic_client(max_retries=0), max_items=10, max_wait=0.5) as client:
+    async with wrap(
+        sim.anthropic_client(max_retries=0), max_items=10, max_wait=0.5, packing="always"
+    ) as client:
         results = await call_all(create, [*texts, poison])
     assert_nine_right_and_one_refused(
         results, [sim.expected_output(t, {"type": "string"}) for t in texts]
@@ -545,7 +551,9 @@ async def test_ten_large_items_never_share_a_request_past_the_window() -> None:
         return await answer_each(request, seen)
 
     # smollm2: 8,192 tokens. Each item is about 3,000 tokens: two fit a request, three do not.
-    @coalesce.prompt(client=CallableProvider(fake), model="smollm2", max_items=10, max_wait=0.5)
+    @coalesce.prompt(
+        packing="always", client=CallableProvider(fake), model="smollm2", max_items=10, max_wait=0.5
+    )
     async def reply(ticket: dict[str, Any]) -> str:
         """Answer the ticket."""
 
@@ -570,7 +578,13 @@ async def test_a_window_learned_from_the_provider_refuses_later_items_at_once() 
         return await answer_each(request, seen)
 
     # An unknown model: nothing is checked until the provider says its window.
-    @coalesce.prompt(client=CallableProvider(fake), model="my-model", max_items=10, max_wait=0.5)
+    @coalesce.prompt(
+        packing="always",
+        client=CallableProvider(fake),
+        model="my-model",
+        max_items=10,
+        max_wait=0.5,
+    )
     async def reply(ticket: dict[str, Any]) -> str:
         """Answer the ticket."""
 
@@ -608,7 +622,7 @@ async def test_wrap_learns_the_window_from_the_providers_refusal(kind: str) -> N
         if kind == "openai"
         else sim.anthropic_client(max_retries=0)
     )
-    async with wrap(sdk_client, max_wait=0.0) as client:
+    async with wrap(sdk_client, max_wait=0.0, packing="always") as client:
         with pytest.raises(InvalidInputError, match="the provider said") as info:
             await create(long)  # refused by the provider: nothing was known yet
         assert isinstance(info.value.__cause__, (openai.BadRequestError, anthropic.BadRequestError))

@@ -187,6 +187,7 @@ def test_each_caller_gets_its_own_output_or_its_own_error(
     outcomes: dict[int, Any] = {}
 
     @coalesce.prompt(
+        packing="always",
         client=CallableProvider(model),
         model=MODEL,
         max_items=max_items,

@@ -68,7 +68,9 @@ def _items(user: str) -> list[Any]:
 
 
 def echo_prompt(echo: Echo, **options: Any) -> Any:
-    @coalesce.prompt(client=CallableProvider(echo), model="m", max_wait=1.0, **options)
+    @coalesce.prompt(
+        packing="always", client=CallableProvider(echo), model="m", max_wait=1.0, **options
+    )
     async def tag(text: str) -> str:
         """Tag the text."""
 
@@ -266,6 +268,7 @@ async def test_prompt_on_a_method_binds_self_and_leaves_it_out_of_the_item() -> 
             self.team = team
 
         @coalesce.prompt(
+            packing="always",
             client=CallableProvider(echo),
             model="m",
             max_wait=1.0,
@@ -294,11 +297,11 @@ async def test_prompt_method_with_several_parameters_and_a_formatting_body() -> 
     class Reviews:
         prefix = "review"
 
-        @coalesce.prompt(client=CallableProvider(echo), model="m")
+        @coalesce.prompt(packing="always", client=CallableProvider(echo), model="m")
         async def fields(self, title: str, stars: int) -> str:
             """Summarise the review."""
 
-        @coalesce.prompt(client=CallableProvider(echo), model="m")
+        @coalesce.prompt(packing="always", client=CallableProvider(echo), model="m")
         async def formatted(self, title: str, stars: int) -> str:
             """Summarise the review."""
             return f"{self.prefix}: {title} ({stars}/5)"
@@ -312,7 +315,7 @@ async def test_prompt_method_with_several_parameters_and_a_formatting_body() -> 
 
 
 def test_none_or_missing_return_annotation_fails_at_decoration() -> None:
-    decorate = coalesce.prompt(client=CallableProvider(Echo()), model="m")
+    decorate = coalesce.prompt(packing="always", client=CallableProvider(Echo()), model="m")
 
     async def returns_none(text: str) -> None:
         """Tag it."""
@@ -344,7 +347,7 @@ def test_none_or_missing_return_annotation_fails_at_decoration() -> None:
 def test_a_misspelt_option_fails_at_decoration(typo: str, meant: str) -> None:
     misspelt: dict[str, Any] = {typo: 8}
     with pytest.raises(ConfigurationError) as info:
-        coalesce.prompt(client=CallableProvider(Echo()), model="m", **misspelt)
+        coalesce.prompt(packing="always", client=CallableProvider(Echo()), model="m", **misspelt)
     assert str(info.value).startswith(f"unknown option {typo!r}: did you mean {meant!r}?")
 
 
@@ -378,7 +381,7 @@ def test_timeout_context_window_and_schema_enforced_are_options() -> None:
         ({"schema_enforced": "yes"}, "schema_enforced must be True, False or None"),
     ):
         with pytest.raises(ConfigurationError, match=match):
-            coalesce.prompt(client=CallableProvider(Echo()), model="m", **bad)
+            coalesce.prompt(packing="always", client=CallableProvider(Echo()), model="m", **bad)
 
 
 # -- 5. items that cannot be sent ----------------------------------------------------------
@@ -422,7 +425,7 @@ async def test_an_item_that_cannot_be_sent_fails_only_its_caller_at_once(
 async def test_an_unsendable_argument_among_several_names_its_field() -> None:
     echo = Echo()
 
-    @coalesce.prompt(client=CallableProvider(echo), model="m")
+    @coalesce.prompt(packing="always", client=CallableProvider(echo), model="m")
     async def review(title: str, cover: Any) -> str:
         """Summarise the review."""
 
@@ -430,7 +433,7 @@ async def test_an_unsendable_argument_among_several_names_its_field() -> None:
         await review("Dune", b"\x89PNG")
     assert info.value.field == "$.cover"
 
-    @coalesce.prompt(client=CallableProvider(echo), model="m")
+    @coalesce.prompt(packing="always", client=CallableProvider(echo), model="m")
     async def formatted(title: str) -> str:
         """Summarise the review."""
         return {"title": title, "when": object()}  # type: ignore[return-value]
@@ -457,7 +460,7 @@ async def test_a_provider_function_returning_a_non_string_is_a_configuration_err
     async def model(request: CompletionRequest) -> Any:
         return reply
 
-    @coalesce.prompt(client=CallableProvider(model), model="m", max_wait=1.0)
+    @coalesce.prompt(packing="always", client=CallableProvider(model), model="m", max_wait=1.0)
     async def tag(text: str) -> str:
         """Tag the text."""
 
@@ -477,7 +480,9 @@ async def test_prose_from_the_provider_shows_the_reply_not_an_internal_id(stream
     async def chatty(request: CompletionRequest) -> str:
         return PROSE
 
-    @coalesce.prompt(client=CallableProvider(chatty), model="m", stream=stream, max_wait=1.0)
+    @coalesce.prompt(
+        packing="always", client=CallableProvider(chatty), model="m", stream=stream, max_wait=1.0
+    )
     async def count(text: str) -> int:
         """Count the words."""
 
@@ -499,7 +504,9 @@ async def test_prose_to_a_packed_request_says_the_call_had_no_result() -> None:
     async def chatty(request: CompletionRequest) -> str:
         return PROSE
 
-    @coalesce.prompt(client=CallableProvider(chatty), model="m", max_wait=1.0, max_attempts=1)
+    @coalesce.prompt(
+        packing="always", client=CallableProvider(chatty), model="m", max_wait=1.0, max_attempts=1
+    )
     async def count(text: str) -> int:
         """Count the words."""
 
@@ -528,7 +535,7 @@ def test_options_of_the_wrong_kind_fail_before_decorating(
         """Tag the text."""
 
     with pytest.raises(ConfigurationError, match=match):
-        coalesce.prompt(client=CallableProvider(Echo()), model="m", **option)(tag)
+        coalesce.prompt(packing="always", client=CallableProvider(Echo()), model="m", **option)(tag)
 
 
 # -- 8. the command line --------------------------------------------------------------------
@@ -579,7 +586,12 @@ def test_a_value_argparse_let_through_is_a_one_line_error(
 
     def demo(argv: list[str]) -> int:
         assert argv == ["--budget", "inf"]
-        coalesce.prompt(client=CallableProvider(Echo()), model="m", latency_budget=float("inf"))
+        coalesce.prompt(
+            packing="always",
+            client=CallableProvider(Echo()),
+            model="m",
+            latency_budget=float("inf"),
+        )
         return 0
 
     monkeypatch.setattr(coalesce._demo, "main", demo)

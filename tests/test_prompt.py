@@ -69,7 +69,7 @@ def sim() -> SimulatedProvider:
 
 
 def make_tagger(client: Any, **options: Any) -> Any:
-    @coalesce.prompt(client=client, model="gpt-4o-mini", **options)
+    @coalesce.prompt(packing="always", client=client, model="gpt-4o-mini", **options)
     async def tag(ticket: str) -> Ticket:
         """Tag the support ticket with a category, an urgency from 1 to 5 and a summary."""
 
@@ -95,14 +95,16 @@ async def test_output_types(sim: SimulatedProvider, output_type: Any, item: str)
         """Answer."""
 
     fn.__annotations__["return"] = output_type
-    answer = coalesce.prompt(client=sim.openai_client(max_retries=0), model="m")(fn)
+    answer = coalesce.prompt(packing="always", client=sim.openai_client(max_retries=0), model="m")(
+        fn
+    )
     result = await answer(item)
     assert result == expected(sim, item, output_type)
     assert isinstance(result, typing.get_origin(output_type) or output_type)
 
 
 async def test_several_parameters_make_an_object_item(sim: SimulatedProvider) -> None:
-    @coalesce.prompt(client=sim.openai_client(max_retries=0), model="m")
+    @coalesce.prompt(packing="always", client=sim.openai_client(max_retries=0), model="m")
     async def review(title: str, stars: int, text: str = "none") -> Mood:
         """Guess the reviewer's mood."""
 
@@ -112,7 +114,7 @@ async def test_several_parameters_make_an_object_item(sim: SimulatedProvider) ->
 
 
 async def test_a_body_that_returns_formats_its_own_item(sim: SimulatedProvider) -> None:
-    @coalesce.prompt(client=sim.openai_client(max_retries=0), model="m")
+    @coalesce.prompt(packing="always", client=sim.openai_client(max_retries=0), model="m")
     async def review(title: str, stars: int) -> Mood:
         """Guess the reviewer's mood."""
         return f"{title} ({stars}/5)"
@@ -168,19 +170,19 @@ async def test_a_group_of_one_is_asked_as_a_plain_call() -> None:
 
     provider = CallableProvider(answer, structured=True)
 
-    @coalesce.prompt(client=provider, model="m", max_wait=0.0)
+    @coalesce.prompt(packing="always", client=provider, model="m", max_wait=0.0)
     async def grade(ticket: str) -> Level:
         """Grade the ticket."""
 
-    @coalesce.prompt(client=provider, model="m", max_wait=0.0)
+    @coalesce.prompt(packing="always", client=provider, model="m", max_wait=0.0)
     async def grade_model(ticket: Level) -> Level:
         """Grade the ticket."""
 
-    @coalesce.prompt(client=provider, model="m", max_wait=0.0)
+    @coalesce.prompt(packing="always", client=provider, model="m", max_wait=0.0)
     async def label(ticket: str) -> Literal["a", "b"]:
         """Label the ticket."""
 
-    @coalesce.prompt(client=provider, model="m", max_wait=0.0)
+    @coalesce.prompt(packing="always", client=provider, model="m", max_wait=0.0)
     async def summarise(ticket: str) -> str:
         """Summarise the ticket."""
 
@@ -222,7 +224,9 @@ async def test_an_invalid_item_in_a_streamed_reply_is_asked_again() -> None:
             return json.dumps({"results": {first: {"level": 1}, second: {"level": "x"}}})
         return '{"level": 2}'
 
-    @coalesce.prompt(client=CallableProvider(answer, structured=True), model="m", max_wait=0.5)
+    @coalesce.prompt(
+        packing="always", client=CallableProvider(answer, structured=True), model="m", max_wait=0.5
+    )
     async def grade(ticket: str) -> Level:
         """Grade the ticket."""
 
@@ -240,7 +244,9 @@ async def test_a_plain_call_that_is_not_json_is_asked_again() -> None:
         text = next(replies)
         return Completion(text, "length" if text.endswith("3") else "stop")
 
-    @coalesce.prompt(client=CallableProvider(answer), model="m", max_wait=0.0, max_attempts=3)
+    @coalesce.prompt(
+        packing="always", client=CallableProvider(answer), model="m", max_wait=0.0, max_attempts=3
+    )
     async def grade(ticket: str) -> Level:
         """Grade the ticket."""
 
@@ -330,6 +336,7 @@ async def test_without_streaming_everyone_waits_for_the_whole_reply() -> None:
 
 async def test_partitions_never_share_a_prompt(sim: SimulatedProvider) -> None:
     @coalesce.prompt(
+        packing="always",
         client=sim.openai_client(max_retries=0),
         model="m",
         partition=lambda text, tenant: tenant,
@@ -371,7 +378,7 @@ async def test_plain_async_callable_as_client() -> None:
             {"results": [{"id": i["id"], "output": i["input"].upper()} for i in items]}
         )
 
-    @coalesce.prompt(client=backend, model="local")
+    @coalesce.prompt(packing="always", client=backend, model="local")
     async def shout(text: str) -> str:
         """Shout it."""
 
@@ -386,31 +393,31 @@ def test_configuration_errors() -> None:
 
     with pytest.raises(ConfigurationError, match="needs client="):
 
-        @coalesce.prompt(client=None, model="m")
+        @coalesce.prompt(packing="always", client=None, model="m")
         async def a(x: str) -> str:
             """Doc."""
 
     with pytest.raises(ConfigurationError, match="no instructions"):
 
-        @coalesce.prompt(client=backend, model="m")
+        @coalesce.prompt(packing="always", client=backend, model="m")
         async def b(x: str) -> str: ...
 
     with pytest.raises(ConfigurationError, match="async def"):
 
-        @coalesce.prompt(client=backend, model="m")  # type: ignore[arg-type]
+        @coalesce.prompt(packing="always", client=backend, model="m")  # type: ignore[arg-type]
         def c(x: str) -> str:
             """Doc."""
             return x
 
     with pytest.raises(ConfigurationError, match="max_items must be an integer >= 1"):
 
-        @coalesce.prompt(client=backend, model="m", max_items=0)
+        @coalesce.prompt(packing="always", client=backend, model="m", max_items=0)
         async def d(x: str) -> str:
             """Doc."""
 
     with pytest.raises(ConfigurationError, match="client must be"):
 
-        @coalesce.prompt(client="https://example.invalid", model="m")
+        @coalesce.prompt(packing="always", client="https://example.invalid", model="m")
         async def e(x: str) -> str:
             """Doc."""
 
@@ -441,7 +448,9 @@ async def test_statistics_count_calls_tokens_cost_and_savings(sim: SimulatedProv
 
 
 async def test_calls_sent_alone_cost_what_plain_calls_cost(sim: SimulatedProvider) -> None:
-    @coalesce.prompt(client=sim.openai_client(max_retries=0), model="gpt-4o-mini", max_wait=0.0)
+    @coalesce.prompt(
+        packing="always", client=sim.openai_client(max_retries=0), model="gpt-4o-mini", max_wait=0.0
+    )
     async def grade(ticket: str) -> Level:
         """Grade the support ticket by how urgent it is."""
 

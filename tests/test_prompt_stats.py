@@ -306,9 +306,20 @@ def test_the_hook_receives_each_event_as_it_happens() -> None:
     assert math.isnan(events[3].cost)
     events[3] = dataclasses.replace(events[3], cost=FAILED_COST)
     assert events == [
-        DispatchEvent("tag", "my-model", "window", 2),
+        DispatchEvent("tag", "my-model", "window", 2, group=1),
         RetryEvent("tag", "my-model", 1, 0.5, error),
-        RequestEvent("tag", "my-model", 2, Usage(100, 10), 0.1, 0.3, 200e-6, APPROX_240, False),
+        RequestEvent(
+            "tag",
+            "my-model",
+            2,
+            Usage(100, 10),
+            0.1,
+            0.3,
+            200e-6,
+            APPROX_240,
+            False,
+            input_tokens_one_per_item=140,
+        ),
         RequestEvent("tag", "my-model", 1, None, None, 0.2, FAILED_COST, 0.0, True, error),
         UnmeetableEvent("tag", "my-model", 2.0, 1.0),
         CallEvent("tag", "my-model", 1.5, 0.05, 1.0, True),
@@ -337,7 +348,7 @@ def test_a_failing_hook_is_logged_and_ignored(caplog: pytest.LogCaptureFixture) 
     assert stats.calls == 2
     assert stats.dispatch_reasons == {"full": 1}
     assert stats.hook_errors == 3
-    records = [r for r in caplog.records if r.name == "coalesce"]
+    records = [r for r in caplog.records if "on_event hook" in r.getMessage()]
     assert [r.levelno for r in records] == [logging.ERROR, logging.DEBUG, logging.DEBUG]
     assert "on_event hook of tag raised on CallEvent" in records[0].getMessage()
     assert records[0].exc_info is not None

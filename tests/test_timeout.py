@@ -61,7 +61,7 @@ class Hanging:
 
 
 def tagger(provider: Any, **options: Any) -> Any:
-    @coalesce.prompt(client=provider, model="m", max_wait=0.05, **options)
+    @coalesce.prompt(packing="always", client=provider, model="m", max_wait=0.05, **options)
     async def tag(text: str) -> Label:
         """Label the text with itself."""
 

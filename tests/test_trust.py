@@ -93,7 +93,9 @@ def missing_last(ids: list[str]) -> list[tuple[str, str]]:
 
 
 def tagger(provider: ScriptedProvider, **options: Any) -> Any:
-    @coalesce.prompt(client=provider, model="m", max_items=4, max_wait=0.01, **options)
+    @coalesce.prompt(
+        packing="always", client=provider, model="m", max_items=4, max_wait=0.01, **options
+    )
     async def tag(text: str) -> Label:
         """Label the text with itself."""
 

@@ -1,4 +1,4 @@
-"""``coalesce.wrap(client)``: pure compatibility and usage decisions, then the wrapped
+"""``coalesce.wrap(client, packing="always")``: pure compatibility and usage decisions, then the wrapped
 official SDK clients against the simulated provider, in process (virtual time) and
 over real HTTP."""
 
@@ -264,10 +264,10 @@ def test_split_usage_shares_the_common_prompt() -> None:
 
 def test_wrap_rejects_other_clients() -> None:
     with pytest.raises(coalesce.ConfigurationError):
-        wrap(object())
+        wrap(object(), packing="always")
     raw = SimulatedProvider().openai_client()
     with pytest.raises(coalesce.ConfigurationError, match=r"already wrapped by coalesce\.wrap"):
-        wrap(wrap(raw))
+        wrap(wrap(raw, packing="always"), packing="always")
 
 
 @pytest.mark.parametrize(
@@ -284,14 +284,14 @@ def test_wrap_rejects_other_clients() -> None:
 def test_wrap_refuses_bad_options_at_once(option: dict[str, Any], message: str) -> None:
     raw = SimulatedProvider().openai_client()
     with pytest.raises(coalesce.ConfigurationError) as caught:
-        wrap(raw, **option)
+        wrap(raw, **option, packing="always")
     assert str(caught.value) == message
 
 
 def test_a_misspelt_option_fails_at_wrap_time_naming_it() -> None:
     raw = SimulatedProvider().openai_client()
     with pytest.raises(TypeError, match="max_item"):
-        wrap(raw, **cast(Any, {"max_item": 8}))
+        wrap(raw, **cast(Any, {"max_item": 8}), packing="always")
 
 
 @pytest.mark.anyio
@@ -299,7 +299,12 @@ async def test_timeout_context_window_and_schema_enforcement_reach_the_engine() 
     sim = SimulatedProvider()
     raw = sim.anthropic_client(max_retries=0)
     async with wrap(
-        raw, max_wait=0.0, timeout=7.5, context_window=50_000, schema_enforced=True
+        raw,
+        max_wait=0.0,
+        timeout=7.5,
+        context_window=50_000,
+        schema_enforced=True,
+        packing="always",
     ) as client:
         await client.messages.create(**msg("x"))
         plan = anthropic_plan(msg("x"))
@@ -313,7 +318,9 @@ async def test_timeout_context_window_and_schema_enforcement_reach_the_engine() 
 async def test_timeout_frees_the_callers_of_a_provider_that_never_answers() -> None:
     sim = SimulatedProvider()
     sim.inject("hang")
-    async with wrap(sim.openai_client(), max_wait=0.0, max_retries=0, timeout=2.0) as client:
+    async with wrap(
+        sim.openai_client(), max_wait=0.0, max_retries=0, timeout=2.0, packing="always"
+    ) as client:
         start = anyio.current_time()
         with pytest.raises(coalesce.RequestTimeoutError, match="2 s timeout"):
             await client.chat.completions.create(**chat("x"))
@@ -338,7 +345,7 @@ async def gather(n: int, call: Any) -> list[Any]:
 @pytest.mark.anyio
 async def test_openai_typed_own_answers_and_usage() -> None:
     sim = SimulatedProvider()
-    async with wrap(sim.openai_client(max_retries=0), max_items=5) as client:
+    async with wrap(sim.openai_client(max_retries=0), max_items=5, packing="always") as client:
         replies = await gather(12, lambda i: client.chat.completions.create(**chat(f"q{i}")))
     assert len(sim.requests) == 3
     for i, reply in enumerate(replies):
@@ -359,7 +366,7 @@ async def test_openai_typed_own_answers_and_usage() -> None:
 async def test_openai_json_schema() -> None:
     sim = SimulatedProvider()
     rf = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": SCHEMA}}
-    async with wrap(sim.openai_client(max_retries=0), max_items=4) as client:
+    async with wrap(sim.openai_client(max_retries=0), max_items=4, packing="always") as client:
         # An explicit stream=False and the SDK's "not given" sentinel still coalesce.
         replies = await gather(
             8,
@@ -379,7 +386,7 @@ async def test_openai_json_schema() -> None:
 async def test_a_lone_structured_call_is_sent_plain_and_charged_in_full() -> None:
     sim = SimulatedProvider()
     rf = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": SCHEMA}}
-    async with wrap(sim.openai_client(max_retries=0), max_wait=0.0) as client:
+    async with wrap(sim.openai_client(max_retries=0), max_wait=0.0, packing="always") as client:
         reply = await client.chat.completions.create(**chat("mail 1", response_format=rf))
         stats = cast(coalesce.CoalescedClient, client).statistics()["gpt-4o-mini"]
     assert json.loads(reply.choices[0].message.content or "") == sim.expected_output(
@@ -401,7 +408,7 @@ async def test_anthropic_text_and_forced_tool() -> None:
         "tools": [{"name": "verdict", "input_schema": SCHEMA}],
         "tool_choice": {"type": "tool", "name": "verdict"},
     }
-    async with wrap(sim.anthropic_client(max_retries=0), max_items=6) as client:
+    async with wrap(sim.anthropic_client(max_retries=0), max_items=6, packing="always") as client:
         texts = await gather(
             6, lambda i: client.messages.create(**msg(f"t{i}", system="Be brief."))
         )
@@ -462,7 +469,7 @@ async def test_openai_passthrough_reaches_the_real_client(
     raw = sim.openai_client(max_retries=0)
     spy = _Spy(raw.chat.completions.create)
     raw.chat.completions.create = spy  # type: ignore[method-assign]
-    async with wrap(raw) as client:
+    async with wrap(raw, packing="always") as client:
         reply = await client.chat.completions.create(**chat("hello", **extra))
     assert spy.calls == [chat("hello", **sent)]
     assert isinstance(reply, ChatCompletion)
@@ -475,7 +482,7 @@ async def test_anthropic_passthrough_and_other_attributes() -> None:
     raw = sim.anthropic_client(max_retries=0)
     spy = _Spy(raw.messages.create)
     raw.messages.create = spy  # type: ignore[method-assign]
-    async with wrap(raw) as client:
+    async with wrap(raw, packing="always") as client:
         assert client.base_url == raw.base_url
         assert client.messages.with_raw_response is not None
         kwargs = msg("x", stop_sequences=["\n\n"])
@@ -490,7 +497,9 @@ async def test_anthropic_passthrough_and_other_attributes() -> None:
 async def test_budget_header_and_context_manager() -> None:
     sim = SimulatedProvider()
     kwargs: dict[str, Any] = {"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}
-    async with wrap(sim.openai_client(max_retries=0), max_wait=5.0, latency_budget=30.0) as client:
+    async with wrap(
+        sim.openai_client(max_retries=0), max_wait=5.0, latency_budget=30.0, packing="always"
+    ) as client:
 
         async def took(**extra: Any) -> float:
             start = anyio.current_time()
@@ -510,13 +519,13 @@ async def test_budget_header_and_context_manager() -> None:
 async def test_sdk_exceptions_reach_the_callers() -> None:
     sim = SimulatedProvider()
     sim.inject("server_error")
-    async with wrap(sim.openai_client(max_retries=0), max_items=3) as client:
+    async with wrap(sim.openai_client(max_retries=0), max_items=3, packing="always") as client:
         with pytest.raises(openai.InternalServerError):
             await client.chat.completions.create(**chat("x"))
         with pytest.raises(openai.BadRequestError):
             await client.chat.completions.create(**{**chat("x"), "model": ""})
     sim.inject("rate_limit")
-    async with wrap(sim.anthropic_client(max_retries=0)) as aclient:
+    async with wrap(sim.anthropic_client(max_retries=0), packing="always") as aclient:
         with pytest.raises(anthropic.RateLimitError):
             await aclient.messages.create(**msg("x"))
 
@@ -525,7 +534,7 @@ async def test_sdk_exceptions_reach_the_callers() -> None:
 async def test_sdk_retries_become_coalesce_retries() -> None:
     sim = SimulatedProvider()
     sim.inject("server_error", "unavailable")
-    async with wrap(sim.openai_client(max_retries=2)) as client:
+    async with wrap(sim.openai_client(max_retries=2), packing="always") as client:
         reply = await client.chat.completions.create(**chat("x"))
     assert reply.choices[0].message.content == sim.expected_output("x", TEXT)
     assert len(sim.requests) == 3
@@ -534,7 +543,7 @@ async def test_sdk_retries_become_coalesce_retries() -> None:
 @pytest.mark.anyio
 async def test_300_concurrent_calls_make_at_most_30_requests() -> None:
     sim = SimulatedProvider()
-    async with wrap(sim.openai_client(max_retries=0), max_items=20) as client:
+    async with wrap(sim.openai_client(max_retries=0), max_items=20, packing="always") as client:
         replies = await gather(300, lambda i: client.chat.completions.create(**chat(f"item {i}")))
     assert len(sim.requests) <= 30
     assert [r.choices[0].message.content for r in replies] == [
@@ -572,11 +581,11 @@ async def test_injected_faults_never_give_a_wrong_answer(sdk: str) -> None:
     chances = {"missing_item": 0.1, "duplicate_id": 0.1, "out_of_order": 0.1, "truncate": 0.2}
     sim = SimulatedProvider(faults=FaultPlan(probabilities=chances, seed=5))
     if sdk == "openai":
-        client: Any = wrap(sim.openai_client(max_retries=0), max_items=20)
+        client: Any = wrap(sim.openai_client(max_retries=0), max_items=20, packing="always")
         replies = await settle_all(200, lambda i: client.chat.completions.create(**chat(f"n{i}")))
         answers = [r if isinstance(r, Exception) else r.choices[0].message.content for r in replies]
     else:
-        client = wrap(sim.anthropic_client(max_retries=0), max_items=20)
+        client = wrap(sim.anthropic_client(max_retries=0), max_items=20, packing="always")
         replies = await settle_all(200, lambda i: client.messages.create(**msg(f"n{i}")))
         answers = [r if isinstance(r, Exception) else r.content[0].text for r in replies]
     await client.aclose()
@@ -589,7 +598,7 @@ async def test_injected_faults_never_give_a_wrong_answer(sdk: str) -> None:
 async def test_injected_faults_never_give_a_streaming_caller_a_wrong_answer() -> None:
     chances = {"missing_item": 0.1, "out_of_order": 0.1, "truncate": 0.1, "disconnect": 0.1}
     sim = SimulatedProvider(faults=FaultPlan(probabilities=chances, seed=7))
-    client = wrap(sim.openai_client(max_retries=2), max_items=20)
+    client = wrap(sim.openai_client(max_retries=2), max_items=20, packing="always")
 
     async def one(i: int) -> str:
         stream = await client.chat.completions.create(**chat(f"n{i}", stream=True))
@@ -614,7 +623,7 @@ class TestOverHTTP:
         sim = SimulatedProvider(time_scale=0.001)
         async with sim.serve_async() as url:
             raw = sim.openai_client(url, max_retries=0)
-            async with wrap(raw, max_items=20, max_wait=0.05) as client:
+            async with wrap(raw, max_items=20, max_wait=0.05, packing="always") as client:
                 replies = await gather(
                     60, lambda i: client.chat.completions.create(**chat(f"h{i}"))
                 )
@@ -638,7 +647,9 @@ class TestOverHTTP:
         sim = SimulatedProvider(time_scale=0.001)
         async with (
             sim.serve_async() as url,
-            wrap(sim.anthropic_client(url, max_retries=0), max_items=10) as client,
+            wrap(
+                sim.anthropic_client(url, max_retries=0), max_items=10, packing="always"
+            ) as client,
         ):
             replies = await gather(20, lambda i: client.messages.create(**msg(f"a{i}")))
 
@@ -663,7 +674,7 @@ class TestOverHTTP:
         sim = SimulatedProvider(time_scale=0.001)
         async with sim.serve_async() as url:
             raw = sim.openai_client(url, max_retries=0)
-            async with wrap(raw, max_items=10, max_wait=0.05) as client:
+            async with wrap(raw, max_items=10, max_wait=0.05, packing="always") as client:
 
                 async def one(i: int) -> str:
                     stream = await client.chat.completions.create(**chat(f"s{i}", stream=True))
@@ -686,7 +697,7 @@ async def test_openai_streaming_callers_get_their_own_chunks_before_the_reply_en
     # The simulator holds replies to the schema; a server not known to do so gets its
     # streamed answers held until the reply can no longer contradict them.
     raw = sim.openai_client(max_retries=0)
-    async with wrap(raw, max_items=6, schema_enforced=True) as client:
+    async with wrap(raw, max_items=6, schema_enforced=True, packing="always") as client:
 
         async def one(i: int) -> list[ChatCompletionChunk]:
             stream = await client.chat.completions.create(
@@ -722,7 +733,7 @@ async def test_openai_streaming_callers_get_their_own_chunks_before_the_reply_en
 async def test_openai_streams_without_usage_and_closed_early() -> None:
     sim = SimulatedProvider()
     rf = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": SCHEMA}}
-    async with wrap(sim.openai_client(max_retries=0), max_items=4) as client:
+    async with wrap(sim.openai_client(max_retries=0), max_items=4, packing="always") as client:
 
         async def one(i: int) -> Any:
             stream = await client.chat.completions.create(
@@ -747,7 +758,7 @@ async def test_anthropic_streaming_callers_get_their_own_events() -> None:
         "tools": [{"name": "verdict", "input_schema": SCHEMA}],
         "tool_choice": {"type": "tool", "name": "verdict"},
     }
-    async with wrap(sim.anthropic_client(max_retries=0), max_items=4) as client:
+    async with wrap(sim.anthropic_client(max_retries=0), max_items=4, packing="always") as client:
 
         async def one(i: int) -> list[Any]:
             extra = tool if i % 2 else {}
@@ -778,7 +789,11 @@ async def test_wrapped_client_statistics_per_model() -> None:
     sim = SimulatedProvider()
     events: list[Any] = []
     wrapped = wrap(
-        sim.openai_client(max_retries=0), max_items=5, latency_budget=30.0, on_event=events.append
+        sim.openai_client(max_retries=0),
+        max_items=5,
+        latency_budget=30.0,
+        on_event=events.append,
+        packing="always",
     )
     client = cast(coalesce.CoalescedClient, wrapped)
     assert client.statistics() == {}

@@ -166,7 +166,9 @@ def assert_honest_answers_right(answers: list[Any]) -> None:
 @pytest.mark.anyio
 async def test_without_partition_an_injected_item_steers_every_neighbour() -> None:
     model = ObedientModel()
-    async with coalesce.wrap(model.client(), max_items=CALLERS, max_wait=1.0) as client:
+    async with coalesce.wrap(
+        model.client(), max_items=CALLERS, max_wait=1.0, packing="always"
+    ) as client:
         answers = await ask_all(client, lambda i: {"user": "alice"})
     assert len(model.requests) == 1  # all ten in one prompt
     assert answers == ["PWNED"] * CALLERS
@@ -180,7 +182,9 @@ async def test_different_users_never_share_a_prompt(partition: Any) -> None:
     # ``user=`` is sent with the request, so it is part of what calls must share to be
     # packed together: different users are apart with or without ``partition=``.
     model = ObedientModel()
-    client = coalesce.wrap(model.client(), max_items=CALLERS, max_wait=1.0, partition=partition)
+    client = coalesce.wrap(
+        model.client(), max_items=CALLERS, max_wait=1.0, partition=partition, packing="always"
+    )
     async with client:
         answers = await ask_all(client, lambda i: {"user": "mallory" if i == ATTACKER else "bob"})
     assert_honest_answers_right(answers)
@@ -195,7 +199,11 @@ async def test_partition_by_a_context_variable_the_call_does_not_carry() -> None
     # The tenant is nowhere in the SDK call: only the partition function separates them.
     model = ObedientModel()
     client = coalesce.wrap(
-        model.client(), max_items=CALLERS, max_wait=1.0, partition=lambda kw: tenant.get()
+        model.client(),
+        max_items=CALLERS,
+        max_wait=1.0,
+        partition=lambda kw: tenant.get(),
+        packing="always",
     )
 
     async def one(i: int) -> str:
@@ -216,7 +224,9 @@ async def test_partition_header_keeps_the_attacker_out_of_other_prompts() -> Non
     def headers(i: int) -> dict[str, Any]:
         return {"extra_headers": {"x-coalesce-partition": "evil" if i == ATTACKER else "acme"}}
 
-    async with coalesce.wrap(model.client(), max_items=CALLERS, max_wait=1.0) as client:
+    async with coalesce.wrap(
+        model.client(), max_items=CALLERS, max_wait=1.0, packing="always"
+    ) as client:
         answers = await ask_all(client, headers)
     assert_honest_answers_right(answers)
     assert_attacker_alone(model)
@@ -226,7 +236,11 @@ async def test_partition_header_keeps_the_attacker_out_of_other_prompts() -> Non
 async def test_streamed_wrap_calls_are_partitioned_too() -> None:
     model = ObedientModel()
     client = coalesce.wrap(
-        model.client(), max_items=CALLERS, max_wait=1.0, partition=lambda kw: tenant.get()
+        model.client(),
+        max_items=CALLERS,
+        max_wait=1.0,
+        partition=lambda kw: tenant.get(),
+        packing="always",
     )
 
     async def one(i: int) -> str:
@@ -245,7 +259,12 @@ async def test_streamed_wrap_calls_are_partitioned_too() -> None:
 
 def answerer(model: ObedientModel, **options: Any) -> Any:
     @coalesce.prompt(
-        client=model.client(), model="stub", max_items=CALLERS, max_wait=1.0, **options
+        packing="always",
+        client=model.client(),
+        model="stub",
+        max_items=CALLERS,
+        max_wait=1.0,
+        **options,
     )
     async def answer(text: str, tenant: str) -> str:
         """Answer the user's question."""
@@ -316,7 +335,7 @@ def test_partition_function_errors_name_the_function() -> None:
 def test_partition_must_be_callable() -> None:
     sim = SimulatedProvider()
     with pytest.raises(coalesce.ConfigurationError, match="partition must be a callable"):
-        coalesce.wrap(sim.openai_client(), partition=cast(Any, "user"))
+        coalesce.wrap(sim.openai_client(), partition=cast(Any, "user"), packing="always")
 
 
 @pytest.mark.anyio
@@ -326,7 +345,9 @@ async def test_a_failing_partition_function_fails_its_own_call_alone() -> None:
     def by_tenant(kw: Mapping[str, Any]) -> Any:
         return kw["metadata"]["tenant"]
 
-    client = coalesce.wrap(sim.openai_client(max_retries=0), max_items=4, partition=by_tenant)
+    client = coalesce.wrap(
+        sim.openai_client(max_retries=0), max_items=4, partition=by_tenant, packing="always"
+    )
 
     async def one(i: int) -> str:
         extra = {} if i == 0 else {"metadata": {"tenant": "acme"}}
@@ -344,7 +365,9 @@ async def test_a_failing_partition_function_fails_its_own_call_alone() -> None:
 @pytest.mark.anyio
 async def test_partition_header_with_the_anthropic_sdk() -> None:
     sim = SimulatedProvider()
-    async with coalesce.wrap(sim.anthropic_client(max_retries=0), max_items=8) as client:
+    async with coalesce.wrap(
+        sim.anthropic_client(max_retries=0), max_items=8, packing="always"
+    ) as client:
 
         async def one(i: int) -> str:
             reply = await client.messages.create(
@@ -374,7 +397,7 @@ async def test_partition_header_with_the_anthropic_sdk() -> None:
 )
 async def test_a_message_json_cannot_carry_fails_only_its_call(content: Any, kind: str) -> None:
     sim = SimulatedProvider()
-    client = coalesce.wrap(sim.openai_client(max_retries=0), max_wait=0.05)
+    client = coalesce.wrap(sim.openai_client(max_retries=0), max_wait=0.05, packing="always")
     results: list[Any] = [None] * 4
 
     async def one(n: int, text: Any) -> None:

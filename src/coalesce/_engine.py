@@ -16,6 +16,7 @@ translate their callers' arguments into items and the results back.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -25,9 +26,11 @@ import anyio
 
 from ._admission import ContextPolicy, admission_for, encode_item
 from ._batcher import Batcher, Resolve
-from ._exceptions import InvalidInputError
+from ._exceptions import CoalesceWarning, InvalidInputError
 from ._group import Group, run_group
-from ._listeners import StatisticsListener
+from ._listeners import StatisticsListener, request_predictor
+from ._log import option_changes
+from ._planning.cost import smallest_paying_group
 from ._planning.footprint import Footprint, footprint
 from ._planning.planner import PlanLimits
 from ._planning.policy import BudgetPolicy
@@ -113,10 +116,19 @@ class Engine:
         if self.planning is not None:
             listeners.append(self.planning)
         observer = Observers(*listeners, *observers)
-        self._group = Group(spec, options, observer, self.planning, self.trust)
+        self.pays_from = (
+            smallest_paying_group(self.footprint, self.recorder.price, options.max_items)
+            if options.packing == "auto"
+            else 2
+        )
+        if self.pays_from is None:
+            _warn_packing_cannot_pay(spec, self.footprint, options.max_items)
+        pays_from = math.inf if self.pays_from is None else self.pays_from
+        self._group = Group(spec, options, observer, self.planning, self.trust, pays_from)
         self.batcher: Batcher[Job, Any] = Batcher(
             self._run,
-            max_wait=options.max_wait,
+            # When no group can pay for its packing, calls go at once, plain.
+            max_wait=options.max_wait if self.pays_from is not None else 0.0,
             max_items=options.max_items,
             max_concurrency=options.max_concurrency,
             partition=_partition,
@@ -164,7 +176,14 @@ class Engine:
         finally:
             wait = None if job.dispatched_at is None else job.dispatched_at - job.arrival
             latency = anyio.current_time() - job.arrival
-            self.recorder.call_finished(latency, wait=wait, budget=job.budget, ok=ok)
+            self.recorder.call_finished(
+                latency,
+                wait=wait,
+                budget=job.budget,
+                ok=ok,
+                requests=job.requests,
+                attempts=job.attempts,
+            )
         return result
 
     async def submit(
@@ -192,17 +211,43 @@ class Engine:
         await run_group(self._group, jobs, resolve)
 
     def _dispatched(self, reason: DispatchReason, jobs: Sequence[Job]) -> None:
-        if reason is DispatchReason.SOLO and self.planning is not None:
-            for job in jobs:
-                if job.plan is not None:
-                    predicted = self.planning.predict(job.plan.input_tokens, job.plan.output_tokens)
-                    self.recorder.unmeetable(predicted, job.plan.deadline - job.plan.arrival)
-        self.recorder.dispatched(reason, len(jobs))
+        planning, predict, predicted = self.planning, None, None
+        plans = [job.plan for job in jobs if job.plan is not None]
+        if planning is not None and plans:
+            predict = request_predictor(planning)
+            predicted = predict(plans)
+            if reason is DispatchReason.SOLO:  # as the planner predicted it, alone
+                for plan in plans:
+                    self.recorder.unmeetable(predict([plan]), plan.deadline - plan.arrival)
+        left = min((job.deadline for job in jobs), default=math.inf) - anyio.current_time()
+        number = self.recorder.dispatched(
+            reason, len(jobs), predicted=predicted, time_left=left if math.isfinite(left) else None
+        )
+        for job in jobs:
+            job.group, job.predictor = number, predict
 
     def __repr__(self) -> str:
-        budget = self.options.latency_budget
-        planned = "" if budget is None else f", budget {budget:g} s"
-        return f"<Engine {self.spec.name} model={self.spec.model!r}{planned}: {self.batcher!r}>"
+        limit = self.options.max_items if self.planning is None else self.planning.limits.max_items
+        early = self.options.stream and self.trust.enforced
+        waiting = self.batcher.statistics().queue_depth
+        return (
+            f"<coalesce.Engine {self.spec.name} model={self.spec.model!r}"
+            f"{option_changes(self.options)}: {self.recorder.summary(waiting)},"
+            f" groups up to {limit}, answers {'stream early' if early else 'held'}>"
+        )
+
+
+def _warn_packing_cannot_pay(spec: FunctionSpec, costs: Footprint, max_items: int) -> None:
+    warnings.warn(
+        f"{spec.name}: packing cannot pay for this function: each plain call pays"
+        f" ~{costs.plain_shared} shared tokens (instructions and output schema), while"
+        f" each packed item adds ~{costs.item_frame} in and ~{costs.answer_frame} out and"
+        f" a packed request ~{costs.shared} shared; no group of up to {max_items} costs"
+        " less than plain calls. Its calls are sent at once, as plain calls. Longer"
+        " shared instructions (or a larger max_items) make packing pay.",
+        CoalesceWarning,
+        stacklevel=4,
+    )
 
 
 def _planning(

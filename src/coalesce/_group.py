@@ -49,7 +49,9 @@ class Group:
     """What every request of one engine's groups shares.
 
     ``trust`` says whether streamed answers may be handed over before their reply
-    ends (see :mod:`coalesce._trust`); without one, they are held.
+    ends (see :mod:`coalesce._trust`); without one, they are held. A group smaller than
+    ``pays_from`` is sent as plain calls, concurrently: packed, it would cost more (see
+    :mod:`coalesce._planning.cost`), unless the provider's request quota is what binds.
     """
 
     spec: FunctionSpec
@@ -57,6 +59,7 @@ class Group:
     observer: GroupObserver
     planning: Planning | None = None
     trust: SchemaTrust = field(default_factory=lambda: SchemaTrust(False))
+    pays_from: float = 2  # smallest group packing pays for (math.inf: none)
 
 
 @dataclass
@@ -88,6 +91,9 @@ class Sent:
 
 async def run_group(group: Group, jobs: list[Job], resolve: Resolve) -> None:
     """Ask for every job's output; re-ask failures in smaller groups, then alone."""
+    if 1 < len(jobs) < group.pays_from and not _requests_bind(group):
+        await _run_plain(group, jobs, resolve)
+        return
     try:
         pending = list(range(len(jobs)))
         size = len(pending)
@@ -104,6 +110,25 @@ async def run_group(group: Group, jobs: list[Job], resolve: Resolve) -> None:
                 _give(jobs, index, error, resolve)
     finally:
         group.observer.group_done(jobs)
+
+
+def _requests_bind(group: Group) -> bool:
+    planning = group.planning
+    return planning is not None and planning.requests_bind(anyio.current_time())
+
+
+async def _run_plain(group: Group, jobs: list[Job], resolve: Resolve) -> None:
+    """Each job as a plain call of its own, all at once (packing would cost more)."""
+
+    async def alone(index: int) -> None:
+        def own(_: int, outcome: Any) -> None:
+            resolve(index, outcome)
+
+        await run_group(group, [jobs[index]], own)
+
+    async with anyio.create_task_group() as tg:
+        for index in range(len(jobs)):
+            tg.start_soon(alone, index)
 
 
 async def ask(group: Group, jobs: list[Job], indexes: list[int], resolve: Resolve) -> list[int]:

@@ -1,24 +1,30 @@
 """The group runner's listeners: statistics, and each call's share of the usage.
 
 Both read :class:`~coalesce._report.RequestReport`s; neither re-parses the wire. (The
-planner, :class:`~coalesce._planning.state.Planning`, is the third listener.)
+planner, :class:`~coalesce._planning.state.Planning`, is the third listener.) The
+statistics listener also names each request on the calls it carried
+(:attr:`~coalesce._report.Job.requests`), so a call's event says which requests
+answered it.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
 
+from ._log import RequestLabel
 from ._planning.footprint import Footprint
+from ._planning.planner import PlanItem, group_tokens
+from ._planning.state import Planning
 from ._planning.tokens import estimator_for
 from ._prompt_stats import PromptRecorder
 from ._report import Job, RequestReport, Retry
 from ._wire.outcomes import ItemFailure
 
-__all__ = ["StatisticsListener", "UsageShares", "apportion", "split_usage"]
+__all__ = ["StatisticsListener", "UsageShares", "apportion", "request_predictor", "split_usage"]
 
 
 class StatisticsListener:
@@ -34,17 +40,24 @@ class StatisticsListener:
         self.footprint = footprint
 
     def request_sent(self, slots: Mapping[str, Sequence[Job]], reask: bool) -> None:
-        """Count a request as it is sent (so counts are exact while replies stream)."""
-        self.recorder.request_sent(len(slots), reask=reask)
+        """Count a request as it is sent (so counts are exact while replies stream); tell
+        the calls it carries its local number and the planner's prediction for it."""
+        number = self.recorder.request_sent(len(slots), reask=reask)
+        predicted = _predicted(slots)
+        for jobs in slots.values():
+            for job in jobs:
+                job.requests.append(f"#{number}")
+                job.predicted = predicted
 
     def request_done(self, report: RequestReport) -> None:
         """Record one request: its tokens and cost, or its failure."""
+        label = _name_request(report)
         if report.contradicted:
             self.recorder.contradicted(report.contradicted)
         if report.error is not None or report.completion is None:
             error = report.error or RuntimeError("no reply")
             self.recorder.request_failed(
-                report.items, error, seconds=report.seconds, reask=report.reask
+                report.items, error, seconds=report.seconds, reask=report.reask, label=label
             )
             return
         completion, footprint, plain = report.completion, self.footprint, report.plain
@@ -58,6 +71,7 @@ class StatisticsListener:
             ttft=completion.ttft,
             seconds=completion.seconds,
             reask=report.reask,
+            label=label,
         )
 
     def retrying(self, retry: Retry) -> None:
@@ -66,6 +80,40 @@ class StatisticsListener:
 
     def group_done(self, jobs: Sequence[Job]) -> None:
         """Nothing to count when a group is done."""
+
+
+def request_predictor(planning: Planning) -> Callable[[Sequence[PlanItem]], float]:
+    """The planner's predicted seconds (a p95) of one request carrying given members."""
+
+    def predict(members: Sequence[PlanItem]) -> float:
+        return planning.predict(*group_tokens(members, planning.limits))
+
+    return predict
+
+
+def _predicted(slots: Mapping[str, Sequence[Job]]) -> float | None:
+    """The planner's prediction for a request carrying ``slots``, if it plans them."""
+    first = next(jobs[0] for jobs in slots.values())
+    plans = [jobs[0].plan for jobs in slots.values()]
+    if first.predictor is None or None in plans:
+        return None
+    return first.predictor([plan for plan in plans if plan is not None])
+
+
+def _name_request(report: RequestReport) -> RequestLabel:
+    """Which request ``report`` is about; its calls learn its final id (the provider's
+    reply id, when it gave one) and, with a reply, their own id in it."""
+    request_id = report.request_id
+    completion = report.completion
+    for item_id, jobs in report.slots.items():
+        for job in jobs:
+            if job.requests:
+                job.requests[-1] = request_id
+            if completion is not None:
+                job.reply, job.reply_id = completion.reply, item_id
+    return RequestLabel(
+        request_id, report.group, report.attempt, report.predicted, plain=report.plain
+    )
 
 
 class UsageShares:

@@ -17,7 +17,7 @@ import functools
 import inspect
 import typing
 from collections.abc import Awaitable, Callable, Hashable, Mapping
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 
 import pydantic
 
@@ -147,7 +147,8 @@ class PromptFunction(Generic[P, Out]):
         await self._engine.aclose()
 
     def __repr__(self) -> str:
-        return f"<PromptFunction {self._engine!r}>"
+        """Live state: ``<coalesce.prompt tag model='gpt-4o-mini' budget=2s: 412 calls, ...>``."""
+        return "<coalesce.prompt " + repr(self._engine).removeprefix("<coalesce.Engine ")
 
 
 def prompt(
@@ -173,12 +174,12 @@ def prompt(
     timeout: float | None = None,
     context_window: int | None = None,
     schema_enforced: bool | None = None,
+    packing: Literal["auto", "always"] = "auto",
     **request_options: Any,
 ) -> Callable[[Callable[P, Awaitable[Out]]], PromptFunction[P, Out]]:
     """Turn ``async def f(<item params>) -> Out`` into an LLM call that coalesces.
 
-    The docstring is the instructions, the arguments the item, the return annotation the
-    output type: see ``docs/prompt.md``.
+    Docstring = instructions, arguments = item, return annotation = output type.
 
     Args:
         client: An ``AsyncOpenAI``, an ``AsyncAnthropic``, a Provider or an async callable.
@@ -199,14 +200,14 @@ def prompt(
         token_estimator: Counts input tokens (``count(text) -> int``; default: tiktoken).
         prices: A Price for ``model``, or a table consulted before the defaults.
         on_event: Called with each call, request, dispatch and retry event.
-        timeout: Longest one request attempt may run, in seconds (default: budget, or 60).
-        context_window: The model's context window in tokens (default: known models').
+        timeout: Longest one request attempt may run, in s (default: budget, or 60).
+        context_window: The model's context window (default: known models', learned).
         schema_enforced: Whether the provider enforces the reply schema (default: its say).
+        packing: ``"auto"``: pack only where it costs less than plain calls; ``"always"``.
         **request_options: Passed to the provider (``temperature=0``...); not misspellings.
 
     Raises:
-        ConfigurationError: A bad or misspelt option, a sync function, no instructions,
-            no return type (or ``-> None``), or one pydantic cannot describe.
+        ConfigurationError: A bad or misspelt option, or function (``docs/inputs.md``).
     """
     options, where = _split_keywords(locals())
     return lambda fn: _decorate(fn, options=options, request_options=request_options, **where)

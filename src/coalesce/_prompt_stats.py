@@ -4,7 +4,8 @@ One :class:`PromptRecorder` per decorated function (or wrapped client) is told w
 happened, with the times already measured: the recorder reads no clock and needs no
 event loop, so tests feed it hand-written numbers. It keeps counters and sliding
 windows for :meth:`PromptRecorder.snapshot`, passes each happening to the user's
-``on_event`` hook as a small frozen event, and records OpenTelemetry metrics when
+``on_event`` hook as a small frozen event (:mod:`coalesce._log`) and writes it as one
+line on the ``"coalesce"`` logger at ``DEBUG``, and records OpenTelemetry metrics when
 ``opentelemetry-api`` is installed (imported lazily; a no-op otherwise).
 """
 
@@ -14,11 +15,22 @@ import importlib
 import logging
 import math
 from collections import Counter
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from ._log import (
+    CallEvent,
+    ContradictionEvent,
+    DispatchEvent,
+    Event,
+    EventHook,
+    RequestEvent,
+    RequestLabel,
+    RetryEvent,
+    UnmeetableEvent,
+    logger,
+)
 from ._pricing import Price, cost, price_for
 from ._quantile import WindowQuantile
 from .providers import Usage
@@ -36,145 +48,11 @@ __all__ = [
     "UnmeetableEvent",
 ]
 
-logger = logging.getLogger("coalesce")
+#: A request reported without saying which one it was.
+UNLABELLED = RequestLabel()
 
 #: Calls (and requests) the latency, wait and TTFT quantiles are computed over.
 DEFAULT_WINDOW = 4096
-
-
-@dataclass(frozen=True)
-class CallEvent:
-    """One call of the function finished, with its own result or exception.
-
-    Attributes:
-        function: The decorated function's (or wrapped client's) name.
-        model: The model name.
-        latency: Seconds from the call to its result or exception.
-        wait: Seconds it waited for company before its first request was sent, if known.
-        budget: Its latency budget in seconds, or ``None`` without one.
-        ok: Whether it got a result (``False``: an exception).
-    """
-
-    function: str
-    model: str
-    latency: float
-    wait: float | None
-    budget: float | None
-    ok: bool
-
-    @property
-    def missed_budget(self) -> bool:
-        """Whether it finished after its budget ran out."""
-        return self.budget is not None and self.latency > self.budget
-
-
-@dataclass(frozen=True)
-class DispatchEvent:
-    """A group of calls left its window to become a request.
-
-    Attributes:
-        function: The decorated function's name.
-        model: The model name.
-        reason: Why (a :class:`~coalesce.DispatchReason` value: ``"full"``,
-            ``"size"``, ``"window"``, ``"close"``, or a planner's own reason).
-        items: Calls in the group.
-    """
-
-    function: str
-    model: str
-    reason: str
-    items: int
-
-
-@dataclass(frozen=True)
-class RequestEvent:
-    """One request to the provider finished (after its retries), or failed.
-
-    Attributes:
-        function: The decorated function's name.
-        model: The model name.
-        items: Items in the request's prompt.
-        usage: Tokens the provider reported, or ``None`` if it reported none.
-        ttft: Seconds to the first reply text when streamed, else ``None``.
-        seconds: Seconds from sending to the end of the reply (or the failure).
-        cost: Estimated dollars (NaN when the model has no price or no usage).
-        cost_one_per_item: Estimated dollars for the same items sent one per request
-            (0 for a re-ask, whose items were counted when first asked).
-        reask: Whether it asked again for items an earlier reply failed.
-        error: The exception that failed it, or ``None`` if a reply arrived.
-    """
-
-    function: str
-    model: str
-    items: int
-    usage: Usage | None
-    ttft: float | None
-    seconds: float | None
-    cost: float
-    cost_one_per_item: float
-    reask: bool = False
-    error: BaseException | None = None
-
-
-@dataclass(frozen=True)
-class RetryEvent:
-    """A request failed as a whole and will be sent again.
-
-    Attributes:
-        function: The decorated function's name.
-        model: The model name.
-        attempt: The attempt that failed (1 for the first).
-        delay: Seconds until it is sent again.
-        error: What failed it.
-    """
-
-    function: str
-    model: str
-    attempt: int
-    delay: float
-    error: BaseException | None
-
-
-@dataclass(frozen=True)
-class UnmeetableEvent:
-    """A call's budget was shorter than the predicted latency of asking for it alone.
-
-    Attributes:
-        function: The decorated function's name.
-        model: The model name.
-        predicted: Predicted seconds for a request carrying only this item.
-        budget: The call's budget in seconds.
-    """
-
-    function: str
-    model: str
-    predicted: float
-    budget: float
-
-
-@dataclass(frozen=True)
-class ContradictionEvent:
-    """A streamed reply contradicted answers already handed to their callers.
-
-    Answers are streamed to callers only from providers that enforce the reply schema;
-    a reply that nevertheless wrote an id again with another output lands here, and
-    from then on the function holds each answer until its reply ends.
-
-    Attributes:
-        function: The decorated function's name.
-        model: The model name.
-        ids: The request's ids whose delivered answer the reply contradicted.
-    """
-
-    function: str
-    model: str
-    ids: tuple[str, ...]
-
-
-#: Anything passed to an ``on_event`` hook.
-Event = CallEvent | DispatchEvent | RequestEvent | RetryEvent | UnmeetableEvent | ContradictionEvent
-#: An ``on_event`` hook: called synchronously; its exceptions are logged and ignored.
-EventHook = Callable[[Event], None]
 
 
 class PromptStatistics(NamedTuple):
@@ -299,10 +177,17 @@ class PromptRecorder:
         self._input = self._cached = self._output = self._input_baseline = 0
         self._cost = self._cost_baseline = 0.0
         self._retries = self._reasks = self._hook_errors = 0
-        self._in_flight = self._contradictions = 0
+        self._in_flight = self._contradictions = self._groups = 0
 
     def call_finished(
-        self, latency: float, *, wait: float | None = None, budget: float | None = None, ok: bool
+        self,
+        latency: float,
+        *,
+        wait: float | None = None,
+        budget: float | None = None,
+        ok: bool,
+        requests: Sequence[str] = (),
+        attempts: int = 0,
     ) -> None:
         """Record one finished call.
 
@@ -311,6 +196,8 @@ class PromptRecorder:
             wait: Seconds it waited before its first request was sent, if known.
             budget: Its latency budget, or ``None``.
             ok: Whether it got a result.
+            requests: The ids of the requests that carried it, in order.
+            attempts: How many requests carried it.
         """
         self._calls += 1
         self._calls_failed += not ok
@@ -323,20 +210,43 @@ class PromptRecorder:
             self._misses += latency > budget
         if self._otel is not None:
             self._otel.call(latency, wait, ok, missed=budget is not None and latency > budget)
-        if self._on_event is not None:
-            self._emit(CallEvent(self.function, self.model, latency, wait, budget, ok))
+        if self._watched():
+            ids = tuple(requests)
+            self._emit(
+                CallEvent(self.function, self.model, latency, wait, budget, ok, ids, attempts)
+            )
 
-    def dispatched(self, reason: str, items: int) -> None:
-        """Record a group of ``items`` calls dispatched for ``reason``."""
+    def dispatched(
+        self,
+        reason: str,
+        items: int,
+        *,
+        predicted: float | None = None,
+        time_left: float | None = None,
+    ) -> int:
+        """Record a group of ``items`` calls dispatched for ``reason``; return its number.
+
+        Args:
+            reason: Why it left its window (a :class:`~coalesce.DispatchReason`).
+            items: Calls in it.
+            predicted: The planner's predicted seconds for a request carrying it.
+            time_left: Seconds left of its tightest budget, if any call had one.
+        """
         reason = str(reason)
         self._reasons[reason] += 1
+        self._groups += 1
         if self._otel is not None:
             self._otel.dispatched(reason)
-        if self._on_event is not None:
-            self._emit(DispatchEvent(self.function, self.model, reason, items))
+        if self._watched():
+            group, model = self._groups, self.model
+            self._emit(
+                DispatchEvent(self.function, model, reason, items, group, predicted, time_left)
+            )
+        return self._groups
 
-    def request_sent(self, items: int, *, reask: bool = False) -> None:
-        """Count one request of ``items`` items as it is sent.
+    def request_sent(self, items: int, *, reask: bool = False) -> int:
+        """Count one request of ``items`` items as it is sent; return its local number
+        (1 for the function's first request).
 
         Args:
             items: Items in its prompt.
@@ -346,19 +256,12 @@ class PromptRecorder:
         self._items += items
         self._in_flight += 1
         self._reasks += items if reask else 0
+        return self._requests
 
     def contradicted(self, ids: tuple[str, ...]) -> None:
         """Record delivered answers that the rest of their streamed reply contradicted."""
         self._contradictions += len(ids)
-        logger.warning(
-            "%s: a streamed reply contradicted %d answer(s) already delivered (ids %s);"
-            " answers are now held until each reply ends",
-            self.function,
-            len(ids),
-            ", ".join(ids),
-        )
-        if self._on_event is not None:
-            self._emit(ContradictionEvent(self.function, self.model, ids))
+        self._emit(ContradictionEvent(self.function, self.model, ids), level=logging.WARNING)
 
     def request_finished(
         self,
@@ -372,6 +275,7 @@ class PromptRecorder:
         ttft: float | None = None,
         seconds: float | None = None,
         reask: bool = False,
+        label: RequestLabel = UNLABELLED,
     ) -> None:
         """Record the reply of one request (counted by :meth:`request_sent`).
 
@@ -392,6 +296,7 @@ class PromptRecorder:
             ttft: Seconds to the first reply text, when streamed.
             seconds: Seconds from sending to the end of the reply.
             reask: Whether it asked again for items an earlier reply failed.
+            label: Which request it was (its id, group, attempt and prediction).
         """
         self._in_flight = max(0, self._in_flight - 1)
         if ttft is not None:
@@ -399,19 +304,26 @@ class PromptRecorder:
         plain = (
             shared_input_tokens if plain_shared_input_tokens is None else plain_shared_input_tokens
         )
-        spent, baseline = self._add_usage(
+        spent, baseline, plain_input = self._add_usage(
             items, usage, (shared_input_tokens, plain, frame_tokens, answer_frame_tokens), reask
         )
         if self._otel is not None:
             self._otel.request(items, usage, ttft, seconds, spent, baseline, reask)
-        if self._on_event is not None:
+        if self._watched():
+            f, m = self.function, self.model
             event = RequestEvent(
-                self.function, self.model, items, usage, ttft, seconds, spent, baseline, reask
+                f, m, items, usage, ttft, seconds, spent, baseline, reask, None, *label, plain_input
             )
             self._emit(event)
 
     def request_failed(
-        self, items: int, error: BaseException, *, seconds: float | None = None, reask: bool = False
+        self,
+        items: int,
+        error: BaseException,
+        *,
+        seconds: float | None = None,
+        reask: bool = False,
+        label: RequestLabel = UNLABELLED,
     ) -> None:
         """Record one request that failed as a whole, after its retries.
 
@@ -420,14 +332,16 @@ class PromptRecorder:
             error: What failed it.
             seconds: Seconds from sending to the failure.
             reask: Whether it asked again for items an earlier reply failed.
+            label: Which request it was (its id, group, attempt and prediction).
         """
         self._requests_failed += 1
         self._in_flight = max(0, self._in_flight - 1)
         if self._otel is not None:
             self._otel.request_failed(reask)
-        if self._on_event is not None:
+        if self._watched():
+            f, m = self.function, self.model
             event = RequestEvent(
-                self.function, self.model, items, None, None, seconds, math.nan, 0.0, reask, error
+                f, m, items, None, None, seconds, math.nan, 0.0, reask, error, *label
             )
             self._emit(event)
 
@@ -436,7 +350,7 @@ class PromptRecorder:
         self._retries += 1
         if self._otel is not None:
             self._otel.retried()
-        if self._on_event is not None:
+        if self._watched():
             self._emit(RetryEvent(self.function, self.model, attempt, delay, error))
 
     def unmeetable(self, predicted: float, budget: float) -> None:
@@ -444,7 +358,7 @@ class PromptRecorder:
         self._unmeetable += 1
         if self._otel is not None:
             self._otel.unmeetable()
-        if self._on_event is not None:
+        if self._watched():
             self._emit(UnmeetableEvent(self.function, self.model, predicted, budget))
 
     def snapshot(self) -> PromptStatistics:
@@ -489,8 +403,9 @@ class PromptRecorder:
 
     def _add_usage(
         self, items: int, usage: Usage | None, shares: tuple[int, int, int, int], reask: bool
-    ) -> tuple[float, float]:
-        """Add one reply's tokens and costs; return its cost and its one-per-item cost.
+    ) -> tuple[float, float, int]:
+        """Add one reply's tokens and costs; return its cost, its one-per-item cost and
+        its one-per-item prompt tokens.
 
         ``shares`` is (shared tokens of this request, what a plain call pays besides its
         item, the frame around each item, the frame around each answer): one call per
@@ -498,7 +413,7 @@ class PromptRecorder:
         frames.
         """
         if usage is None:
-            return math.nan, math.nan
+            return math.nan, math.nan, 0
         shared, plain, frame, answer_frame = (max(0, n) for n in shares)
         # A re-ask's items were counted when first asked: one request per item would
         # not have needed it, so it adds to the cost and not to the comparison.
@@ -510,7 +425,7 @@ class PromptRecorder:
         self._output += usage.output_tokens
         self._input_baseline += baseline_input
         if self.price is None:
-            return math.nan, math.nan
+            return math.nan, math.nan, baseline_input
         cached = usage.cached_input_tokens
         spent = cost(
             usage.input_tokens, usage.output_tokens, self.price, cached_input_tokens=cached
@@ -518,10 +433,32 @@ class PromptRecorder:
         baseline = cost(baseline_input, baseline_output, self.price, cached_input_tokens=cached)
         self._cost += spent
         self._cost_baseline += baseline
-        return spent, baseline
+        return spent, baseline, baseline_input
 
-    def _emit(self, event: Event) -> None:
-        assert self._on_event is not None
+    def summary(self, waiting: int = 0) -> str:
+        """The calls and requests so far, for a live ``repr``: ``"412 calls, 61
+        requests (1 in flight), 6.8 items/request"``.
+
+        Args:
+            waiting: Calls not sent yet (in a window, or queued for a request slot).
+        """
+        calls = _plural(self._calls, "call") + (f" ({waiting} waiting)" if waiting else "")
+        flight = f" ({self._in_flight} in flight)" if self._in_flight else ""
+        line = f"{calls}, {_plural(self._requests, 'request')}{flight}"
+        if self._requests:
+            line += f", {self._items / self._requests:.1f} items/request"
+        return line
+
+    def _watched(self) -> bool:
+        """Whether anyone listens for events: the hook, or the logger at ``DEBUG``."""
+        return self._on_event is not None or logger.isEnabledFor(logging.DEBUG)
+
+    def _emit(self, event: Event, level: int = logging.DEBUG) -> None:
+        """Log ``event`` as one line at ``level``, then pass it to the hook, if any."""
+        if logger.isEnabledFor(level):
+            logger.log(level, "%s", event)
+        if self._on_event is None:
+            return
         try:
             self._on_event(event)
         except Exception:
@@ -542,6 +479,10 @@ class PromptRecorder:
             f"<PromptRecorder {self.function} model={self.model!r} calls={self._calls}"
             f" requests={self._requests}>"
         )
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 class _Telemetry:

@@ -9,7 +9,7 @@ writes it down once, as a :class:`RequestReport`, and hands it to a
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -39,6 +39,13 @@ class Job:
         completion_tokens: Its share of their completion tokens.
         reply: What the provider said about the last reply that carried it (id, model).
         reply_id: Its id in that request.
+        group: The number of the group it was dispatched in (0 until then).
+        predictor: How the planner predicts the seconds of a request carrying given
+            members, set when its group is dispatched (``None`` without a budget).
+        predicted: That prediction for the request carrying it now, made as it was
+            sent (``None`` without a budget).
+        requests: The requests that carried it, in order: each the provider's reply id
+            when it gave one, else the request's local number (``"#12"``).
     """
 
     item: Any
@@ -55,6 +62,10 @@ class Job:
     completion_tokens: int = 0
     reply: Mapping[str, Any] = field(default_factory=dict)
     reply_id: str = ""
+    group: int = 0
+    predictor: Callable[[Sequence[PlanItem]], float] | None = None
+    predicted: float | None = None
+    requests: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -102,7 +113,37 @@ class RequestReport:
     @property
     def partition(self) -> Hashable:
         """The partition of the calls it carried."""
-        return next(jobs[0].partition for jobs in self.slots.values())
+        return self._first.partition
+
+    @property
+    def request_id(self) -> str:
+        """The provider's reply id when it gave one (``"chatcmpl-..."``), else the local
+        number the request was sent as (``"#12"``), or ``""`` if it was not counted."""
+        reply_id = None if self.completion is None else self.completion.reply.get("id")
+        if isinstance(reply_id, str) and reply_id:
+            return reply_id
+        requests = self._first.requests
+        return requests[-1] if requests else ""
+
+    @property
+    def group(self) -> int:
+        """The number of the group its calls were dispatched in (0: not known)."""
+        return self._first.group
+
+    @property
+    def attempt(self) -> int:
+        """How many requests have carried its items, this one included (1: the first)."""
+        return max(job.attempts for jobs in self.slots.values() for job in jobs)
+
+    @property
+    def predicted(self) -> float | None:
+        """The planner's predicted seconds (a p95) for it, made as it was sent; ``None``
+        without a budget."""
+        return self._first.predicted
+
+    @property
+    def _first(self) -> Job:
+        return next(jobs[0] for jobs in self.slots.values())
 
 
 @dataclass(frozen=True)

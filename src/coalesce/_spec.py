@@ -94,6 +94,10 @@ class Options:
         schema_enforced: Whether the provider holds every reply to the reply schema
             (``None``: as the provider declares). Where it does not, a streamed answer
             is held until the reply can no longer contradict it.
+        packing: ``"auto"``: pack a group only when packed it costs less than its
+            members as plain calls (see :mod:`coalesce._planning.cost`); when no group
+            can, calls go at once, plain. ``"always"``: pack every group of two or more
+            (when requests, not tokens, are what the provider limits).
     """
 
     max_wait: float = DEFAULT_MAX_WAIT
@@ -113,6 +117,7 @@ class Options:
     timeout: float | None = None
     context_window: int | None = None
     schema_enforced: bool | None = None
+    packing: str = "auto"
 
     def __post_init__(self) -> None:
         check_seconds("max_wait", self.max_wait)
@@ -138,6 +143,8 @@ def _check_kinds(options: Options) -> None:
         value = getattr(options, name)
         if not isinstance(value, bool):
             raise ConfigurationError(f"{name} must be True or False, got {value!r}")
+    if options.packing not in ("auto", "always"):
+        raise ConfigurationError(f"packing must be 'auto' or 'always', got {options.packing!r}")
     if options.schema_enforced is not None and not isinstance(options.schema_enforced, bool):
         raise ConfigurationError(
             f"schema_enforced must be True, False or None, got {options.schema_enforced!r}"

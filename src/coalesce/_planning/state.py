@@ -16,7 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 from ..providers._ratelimit import RateLimitState, parse_rate_limit_headers
 from .latency import LatencyModel, LatencyPrior
-from .planner import Pace, PlanItem, PlanLimits, allow_reask, group_tokens, pack_more
+from .planner import (
+    Pace,
+    PlanItem,
+    PlanLimits,
+    allow_reask,
+    binding_limit,
+    group_tokens,
+    pack_more,
+)
 from .tokens import OutputTokenRegistry, TokenEstimator, count_json_tokens
 
 if TYPE_CHECKING:
@@ -24,6 +32,7 @@ if TYPE_CHECKING:
     from ..providers import Completion
 
 __all__ = ["Planning"]
+
 
 class Planning:
     """What the budget planner learns and knows about one decorated function.
@@ -67,6 +76,11 @@ class Planning:
             return Pace(0.0, 0.0)
         span = max(now - self._sent[0][0], 1e-3)
         return Pace(len(self._sent) / span, sum(t for _, t in self._sent) / len(self._sent))
+
+    def requests_bind(self, now: float) -> bool:
+        """Whether the provider's request quota runs out first at the current pace: then
+        every request saved counts, and packing pays whatever the tokens say."""
+        return binding_limit(self.quota, self.pace(now), now) == "requests"
 
     def predict(self, input_tokens: int, output_tokens: int) -> float:
         """Predicted seconds (a p95) of one request of these sizes."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
 from types import MappingProxyType
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 import anyio
 import pydantic_core
@@ -209,8 +209,8 @@ class CoalescedClient(_Proxy):
         if given.get("stream") is False:
             del given["stream"]  # a non-streamed call, said explicitly
         plan = planner(given, headers.budget) if headers.coalesce else None
-        if plan is None:
-            return await self._create(**cleaned)
+        if plan is None or self._engines.engine(plan).pays_from is None:
+            return await self._create(**cleaned)  # not coalescible, or packing cannot pay
         key = partition_key(self._partition, kwargs, headers.partition)
         value, job, finished = await self._engines.answer(plan, key)
         whole, streamed = respond
@@ -299,6 +299,7 @@ _OPTION_NAMES = (
     "timeout",
     "context_window",
     "schema_enforced",
+    "packing",
     "latency_prior",
     "prices",
     "on_event",
@@ -327,6 +328,7 @@ def wrap(
     timeout: float | None = None,
     context_window: int | None = None,
     schema_enforced: bool | None = None,
+    packing: Literal["auto", "always"] = "auto",
     latency_prior: LatencyPrior | None = None,
     prices: Price | Mapping[str, Price] | None = None,
     on_event: EventHook | None = None,
@@ -355,6 +357,9 @@ def wrap(
         schema_enforced: Whether the provider holds every reply to the reply schema
             (default: as the provider declares); if not, streamed answers are held
             until the reply can no longer contradict them.
+        packing: ``"auto"`` coalesces a kind of call only where a packed request costs
+            less than plain calls (otherwise the calls pass through to the client,
+            unchanged); ``"always"`` packs every group of two or more.
         latency_prior: What the planner assumes of the provider before measuring it.
         prices: Prices for the statistics' cost estimates (see :func:`~coalesce.price_for`).
         on_event: Called with each call, request, dispatch and retry event.
