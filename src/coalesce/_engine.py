@@ -121,6 +121,7 @@ class Engine:
             if options.packing == "auto"
             else 2
         )
+        self.recorder.smallest_paying_group = self.pays_from
         if self.pays_from is None:
             _warn_packing_cannot_pay(spec, self.footprint, options.max_items)
         pays_from = math.inf if self.pays_from is None else self.pays_from

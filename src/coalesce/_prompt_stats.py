@@ -131,6 +131,10 @@ class PromptStatistics(NamedTuple):
     contradictions: int
     #: Exceptions raised by the ``on_event`` hook (logged, then ignored).
     hook_errors: int
+    #: The smallest group whose packed request costs less than its members as plain
+    #: calls (smaller groups are sent plain); ``None`` when no group can pay, and every
+    #: call is sent plain, at once (see ``docs/budget.md``).
+    smallest_paying_group: int | None = 2
 
 
 class PromptRecorder:
@@ -178,6 +182,8 @@ class PromptRecorder:
         self._cost = self._cost_baseline = 0.0
         self._retries = self._reasks = self._hook_errors = 0
         self._in_flight = self._contradictions = self._groups = 0
+        #: Set by the engine from its cost decision (see PromptStatistics).
+        self.smallest_paying_group: int | None = 2
 
     def call_finished(
         self,
@@ -399,6 +405,7 @@ class PromptRecorder:
             reasks=self._reasks,
             contradictions=self._contradictions,
             hook_errors=self._hook_errors,
+            smallest_paying_group=self.smallest_paying_group,
         )
 
     def _add_usage(
