@@ -8,6 +8,7 @@ otherwise answer it after the simulated latency, streamed or not.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,7 +185,15 @@ async def _answer(turn: _Turn, faults: frozenset[Fault]) -> None:
     applied = answer.faults | (faults & _CONNECTION_FAULTS)
     delays = _delays(sim, prompt.model, turn.tokens_in, answer.completion_tokens)
     drop = Fault.DISCONNECT in faults
-    status = 499  # the client went away before the answer was complete
+    recorded = False
+
+    def done() -> None:
+        # Logged before the answer's last byte, so that a client that read the whole
+        # answer always finds its request in the ledger.
+        nonlocal recorded
+        recorded = True
+        turn.record(200, answer, applied)
+
     try:
         if Fault.HANG in faults and await _hang(
             sim.fault_plan.hang_seconds * sim.time_scale, call.receive
@@ -192,15 +201,16 @@ async def _answer(turn: _Turn, faults: frozenset[Fault]) -> None:
             return
         if prompt.stream:
             events = turn.flavour.stream(answer, split_pieces(answer.text), turn.ctx)
-            status = 200
-            await _send_stream(call.send, turn.flavour, events, delays, turn.headers, drop=drop)
+            await _send_stream(
+                call.send, turn.flavour, events, delays, turn.headers, drop=drop, done=done
+            )
         else:
             await anyio.sleep(delays.total)
-            status = 200
             body = turn.flavour.render(answer, turn.ctx)
-            await _send_reply(call.send, body, turn.headers, drop=drop)
+            await _send_reply(call.send, body, turn.headers, drop=drop, done=done)
     finally:
-        turn.record(status, answer if status == 200 else None, applied)
+        if not recorded:  # the client went away before the answer was complete
+            turn.record(499, None, applied)
 
 
 def _delays(sim: Simulation, model: str, tokens_in: int, tokens_out: int) -> Delays:
@@ -228,7 +238,12 @@ async def _hang(seconds: float, receive: Receive) -> bool:
 
 
 async def _send_reply(
-    send: Send, value: dict[str, Any], headers: dict[str, str], *, drop: bool
+    send: Send,
+    value: dict[str, Any],
+    headers: dict[str, str],
+    *,
+    drop: bool,
+    done: Callable[[], None],
 ) -> None:
     body = json.dumps(value, ensure_ascii=False).encode()
     all_headers = {**headers, "content-type": "application/json", "content-length": str(len(body))}
@@ -238,6 +253,7 @@ async def _send_reply(
             {"type": "http.response.body", "body": body[: len(body) // 2], "more_body": True}
         )
         raise SimulatedDisconnect("simulated fault: the connection dropped mid-response")
+    done()
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
@@ -249,6 +265,7 @@ async def _send_stream(
     headers: dict[str, str],
     *,
     drop: bool,
+    done: Callable[[], None],
 ) -> None:
     stream_headers = {**headers, "content-type": "text/event-stream", "cache-control": "no-cache"}
     await send_start(send, 200, stream_headers)
@@ -270,4 +287,5 @@ async def _send_stream(
         await send(
             {"type": "http.response.body", "body": flavour.sse(event, data), "more_body": True}
         )
+    done()
     await send({"type": "http.response.body", "body": flavour.done, "more_body": False})
