@@ -15,6 +15,8 @@ translate their callers' arguments into items and the results back.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import warnings
 from collections.abc import Hashable, Iterator, Sequence
@@ -30,13 +32,14 @@ from ._exceptions import CoalesceWarning, InvalidInputError
 from ._group import Group, run_group
 from ._listeners import StatisticsListener, request_predictor
 from ._log import option_changes
-from ._planning.cost import smallest_paying_group
+from ._planning.cost import PackingCost
 from ._planning.footprint import Footprint, footprint
 from ._planning.planner import PlanLimits
 from ._planning.policy import BudgetPolicy
 from ._planning.state import Planning
 from ._planning.tokens import TokenEstimator, bounded_output_tokens, estimator_for
 from ._policy import DispatchReason
+from ._pricing import PromptCache
 from ._prompt_stats import PromptRecorder, PromptStatistics
 from ._report import GroupObserver, Job, Observers
 from ._spec import FunctionSpec, Options, keyed_replies
@@ -109,23 +112,17 @@ class Engine:
             spec, options, self.footprint, estimator, DEFAULT_EXPECTED_OUTPUT_TOKENS
         )
         listeners: list[GroupObserver] = [
-            StatisticsListener(self.recorder, self.footprint),
+            StatisticsListener(self.recorder, self.footprint, self._learn_cache),
             self.trust,
             self.admission.window,
         ]
         if self.planning is not None:
             listeners.append(self.planning)
         observer = Observers(*listeners, *observers)
-        self.pays_from = (
-            smallest_paying_group(self.footprint, self.recorder.price, options.max_items)
-            if options.packing == "auto"
-            else 2
+        self.cost = self._packing_cost()
+        self._group = Group(
+            spec, options, observer, self.planning, self.trust, self.cost, cache_key(spec)
         )
-        self.recorder.smallest_paying_group = self.pays_from
-        if self.pays_from is None:
-            _warn_packing_cannot_pay(spec, self.footprint, options.max_items)
-        pays_from = math.inf if self.pays_from is None else self.pays_from
-        self._group = Group(spec, options, observer, self.planning, self.trust, pays_from)
         self.batcher: Batcher[Job, Any] = Batcher(
             self._run,
             # When no group can pay for its packing, calls go at once, plain.
@@ -140,6 +137,33 @@ class Engine:
             on_dispatch=self._dispatched,
             resolve_early=True,
         )
+
+    def _packing_cost(self) -> PackingCost:
+        """Whether packing pays for the function; warns once if it never does."""
+        spec, options = self.spec, self.options
+        cost = PackingCost(
+            self.footprint,
+            self.recorder.price,
+            options.max_items,
+            declared_cache(spec),
+            auto=options.packing == "auto",
+        )
+        self.recorder.smallest_paying_group = cost.smallest
+        if cost.smallest is None:
+            _warn_packing_cannot_pay(spec, self.footprint, options.max_items)
+        return cost
+
+    @property
+    def pays_from(self) -> int | None:
+        """The smallest group packing pays for, or ``None`` if none does."""
+        return self.cost.smallest
+
+    def _learn_cache(self, cached_tokens: int) -> int:
+        """Note a reply's cached tokens; the prompt tokens a plain call would read from
+        a warm cache (for the statistics' plain-call baseline)."""
+        if self.cost.saw_cached(cached_tokens):
+            self.recorder.smallest_paying_group = self.pays_from
+        return self.cost.plain_cached_tokens()
 
     def new_job(self, item: Any, *, budget: float | None = None, partition: Hashable = None) -> Job:
         """A call of ``item`` made now, not yet submitted.
@@ -238,6 +262,21 @@ class Engine:
         )
 
 
+def declared_cache(spec: FunctionSpec) -> PromptCache | None:
+    """The prompt cache the provider declares for the function's model, if any."""
+    declare = getattr(spec.provider, "prompt_cache", None)
+    cache = declare(spec.model) if callable(declare) else None
+    return cache if isinstance(cache, PromptCache) else None
+
+
+def cache_key(spec: FunctionSpec) -> str:
+    """A stable name for the function's shared prefix: its model, instructions and
+    output schema (the same function in every process shares one cache entry)."""
+    schema = json.dumps(spec.output_schema, sort_keys=True, default=str)
+    digest = hashlib.sha256(f"{spec.model}\0{spec.instructions}\0{schema}".encode())
+    return f"coalesce-{digest.hexdigest()[:16]}"
+
+
 def _warn_packing_cannot_pay(spec: FunctionSpec, costs: Footprint, max_items: int) -> None:
     warnings.warn(
         f"{spec.name}: packing cannot pay for this function: each plain call pays"
@@ -247,7 +286,7 @@ def _warn_packing_cannot_pay(spec: FunctionSpec, costs: Footprint, max_items: in
         " less than plain calls. Its calls are sent at once, as plain calls. Longer"
         " shared instructions (or a larger max_items) make packing pay.",
         CoalesceWarning,
-        stacklevel=4,
+        stacklevel=5,
     )
 
 

@@ -28,6 +28,7 @@ import anyio
 from ._batcher import Resolve
 from ._exceptions import InvalidInputError, RequestTimeoutError
 from ._planning.context import is_context_error
+from ._planning.cost import PackingCost
 from ._planning.planner import streaming_order
 from ._planning.state import Planning
 from ._report import GroupObserver, Job, RequestReport
@@ -50,8 +51,10 @@ class Group:
 
     ``trust`` says whether streamed answers may be handed over before their reply
     ends (see :mod:`coalesce._trust`); without one, they are held. A group smaller than
-    ``pays_from`` is sent as plain calls, concurrently: packed, it would cost more (see
-    :mod:`coalesce._planning.cost`), unless the provider's request quota is what binds.
+    ``cost.pays_from`` is sent as plain calls, concurrently: packed, it would cost more
+    (see :mod:`coalesce._planning.cost`), unless the provider's request quota is what
+    binds. Every request carries ``cache_key``, the name of its function's prefix for
+    the provider's prompt cache.
     """
 
     spec: FunctionSpec
@@ -59,7 +62,13 @@ class Group:
     observer: GroupObserver
     planning: Planning | None = None
     trust: SchemaTrust = field(default_factory=lambda: SchemaTrust(False))
-    pays_from: float = 2  # smallest group packing pays for (math.inf: none)
+    cost: PackingCost | None = None  # None: packing always pays
+    cache_key: str | None = None
+
+    @property
+    def pays_from(self) -> float:
+        """The smallest group packing pays for (``math.inf``: none)."""
+        return 2 if self.cost is None else self.cost.pays_from
 
 
 @dataclass
@@ -174,6 +183,7 @@ def build(group: Group, jobs: list[Job], indexes: list[int]) -> Asked:
         max_output_tokens=options.max_output_tokens,
         stream=options.stream,
         options=spec.request_options,
+        cache_key=group.cache_key,
     )
     return Asked(
         jobs=jobs,

@@ -33,11 +33,20 @@ class StatisticsListener:
     Args:
         recorder: The function's (or wrapped client's) recorder.
         footprint: The function's token estimates, for the plain-call comparison.
+        cache: Told each reply's cached prompt tokens; returns the tokens a plain call
+            would read from a warm prompt cache (the best plain alternative). ``None``:
+            no cache is assumed.
     """
 
-    def __init__(self, recorder: PromptRecorder, footprint: Footprint) -> None:
+    def __init__(
+        self,
+        recorder: PromptRecorder,
+        footprint: Footprint,
+        cache: Callable[[int], int] | None = None,
+    ) -> None:
         self.recorder = recorder
         self.footprint = footprint
+        self.cache = cache
 
     def request_sent(self, slots: Mapping[str, Sequence[Job]], reask: bool) -> None:
         """Count a request as it is sent (so counts are exact while replies stream); tell
@@ -61,6 +70,8 @@ class StatisticsListener:
             )
             return
         completion, footprint, plain = report.completion, self.footprint, report.plain
+        cached = 0 if completion.usage is None else completion.usage.cached_input_tokens
+        plain_cached = 0 if self.cache is None else self.cache(cached)
         self.recorder.request_finished(
             report.items,
             completion.usage,
@@ -68,6 +79,7 @@ class StatisticsListener:
             plain_shared_input_tokens=footprint.plain_shared,
             frame_tokens=0 if plain else footprint.item_frame,
             answer_frame_tokens=0 if plain else footprint.answer_frame,
+            plain_cached_input_tokens=plain_cached,
             ttft=completion.ttft,
             seconds=completion.seconds,
             reask=report.reask,

@@ -15,7 +15,7 @@ from types import MappingProxyType
 
 from ._exceptions import ConfigurationError
 
-__all__ = ["DEFAULT_PRICES", "Price", "cost", "price_for"]
+__all__ = ["DEFAULT_PRICES", "Price", "PromptCache", "cost", "price_for"]
 
 _PER = 1_000_000
 
@@ -29,6 +29,8 @@ class Price:
         output_per_mtok: Price of a million reply tokens.
         cached_input_per_mtok: Price of a million prompt tokens served from the
             provider's prompt cache, or ``None`` if the model has no cache discount.
+        cache_write_per_mtok: Price of a million prompt tokens written to the cache
+            (Anthropic: 1.25x the input price), or ``None``: the input price.
 
     Raises:
         ConfigurationError: If a price is negative or not a finite number.
@@ -37,16 +39,46 @@ class Price:
     input_per_mtok: float
     output_per_mtok: float
     cached_input_per_mtok: float | None = None
+    cache_write_per_mtok: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("input_per_mtok", "output_per_mtok", "cached_input_per_mtok"):
+        for name in (
+            "input_per_mtok",
+            "output_per_mtok",
+            "cached_input_per_mtok",
+            "cache_write_per_mtok",
+        ):
             value = getattr(self, name)
-            if value is None and name == "cached_input_per_mtok":
+            if value is None and name.startswith("cache"):
                 continue
             if not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
                 raise ConfigurationError(
                     f"Price.{name} must be a finite number of dollars >= 0, got {value!r}"
                 )
+
+
+@dataclass(frozen=True)
+class PromptCache:
+    """How a provider caches prompt prefixes, for the cost of plain and packed calls.
+
+    Attributes:
+        min_tokens: The shortest prefix the provider caches (OpenAI 1,024; Anthropic
+            1,024 to 4,096 by model).
+        read_price: A cached token's price as a fraction of an input token's (OpenAI
+            0.1 to 0.5 by model, Anthropic 0.1). ``None``: from the model's
+            :class:`~coalesce.Price` (``cached_input_per_mtok / input_per_mtok``).
+    """
+
+    min_tokens: int = 1024
+    read_price: float | None = None
+
+    def discount(self, price: Price | None) -> float:
+        """What a warm cached token costs, as a fraction of an input token."""
+        if self.read_price is not None:
+            return self.read_price
+        if price is None or price.cached_input_per_mtok is None or price.input_per_mtok <= 0:
+            return 1.0
+        return price.cached_input_per_mtok / price.input_per_mtok
 
 
 #: List prices as of 2025 (USD per million tokens). Override them: they change.
@@ -60,9 +92,9 @@ DEFAULT_PRICES: Mapping[str, Price] = MappingProxyType(
         "gpt-5": Price(1.25, 10.00, 0.125),
         "gpt-5-mini": Price(0.25, 2.00, 0.025),
         "gpt-5-nano": Price(0.05, 0.40, 0.005),
-        "claude-sonnet-4": Price(3.00, 15.00, 0.30),
-        "claude-haiku-4-5": Price(1.00, 5.00, 0.10),
-        "claude-3-5-haiku": Price(0.80, 4.00, 0.08),
+        "claude-sonnet-4": Price(3.00, 15.00, 0.30, 3.75),
+        "claude-haiku-4-5": Price(1.00, 5.00, 0.10, 1.25),
+        "claude-3-5-haiku": Price(0.80, 4.00, 0.08, 1.00),
     }
 )
 
@@ -94,7 +126,12 @@ def price_for(model: str, table: Mapping[str, Price] | None = None) -> Price | N
 
 
 def cost(
-    input_tokens: int, output_tokens: int, price: Price, *, cached_input_tokens: int = 0
+    input_tokens: int,
+    output_tokens: int,
+    price: Price,
+    *,
+    cached_input_tokens: int = 0,
+    cache_write_tokens: int = 0,
 ) -> float:
     """Dollars for one request's tokens.
 
@@ -104,11 +141,15 @@ def cost(
         price: The model's price.
         cached_input_tokens: How many of ``input_tokens`` came from the prompt cache;
             billed at ``price.cached_input_per_mtok`` when the model has one.
+        cache_write_tokens: How many of ``input_tokens`` were written to the prompt
+            cache; billed at ``price.cache_write_per_mtok`` when the model has one.
     """
-    cached_rate = price.cached_input_per_mtok
+    cached_rate, write_rate = price.cached_input_per_mtok, price.cache_write_per_mtok
     cached = 0 if cached_rate is None else max(0, min(cached_input_tokens, input_tokens))
+    written = 0 if write_rate is None else max(0, min(cache_write_tokens, input_tokens - cached))
     return (
-        (input_tokens - cached) * price.input_per_mtok
+        (input_tokens - cached - written) * price.input_per_mtok
         + cached * (cached_rate or 0.0)
+        + written * (write_rate or 0.0)
         + output_tokens * price.output_per_mtok
     ) / _PER

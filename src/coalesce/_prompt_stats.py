@@ -278,6 +278,7 @@ class PromptRecorder:
         plain_shared_input_tokens: int | None = None,
         frame_tokens: int = 0,
         answer_frame_tokens: int = 0,
+        plain_cached_input_tokens: int = 0,
         ttft: float | None = None,
         seconds: float | None = None,
         reask: bool = False,
@@ -299,6 +300,9 @@ class PromptRecorder:
                 which a plain call does not pay.
             answer_frame_tokens: Reply tokens each answer adds besides its output (its
                 key), which a plain call does not pay.
+            plain_cached_input_tokens: What each plain call would read from a warm
+                prompt cache (its shared part, where the provider caches a prefix that
+                long): the baseline is the best plain alternative, not the naive one.
             ttft: Seconds to the first reply text, when streamed.
             seconds: Seconds from sending to the end of the reply.
             reask: Whether it asked again for items an earlier reply failed.
@@ -311,7 +315,11 @@ class PromptRecorder:
             shared_input_tokens if plain_shared_input_tokens is None else plain_shared_input_tokens
         )
         spent, baseline, plain_input = self._add_usage(
-            items, usage, (shared_input_tokens, plain, frame_tokens, answer_frame_tokens), reask
+            items,
+            usage,
+            (shared_input_tokens, plain, frame_tokens, answer_frame_tokens),
+            plain_cached_input_tokens,
+            reask,
         )
         if self._otel is not None:
             self._otel.request(items, usage, ttft, seconds, spent, baseline, reask)
@@ -409,7 +417,12 @@ class PromptRecorder:
         )
 
     def _add_usage(
-        self, items: int, usage: Usage | None, shares: tuple[int, int, int, int], reask: bool
+        self,
+        items: int,
+        usage: Usage | None,
+        shares: tuple[int, int, int, int],
+        plain_cached: int,
+        reask: bool,
     ) -> tuple[float, float, int]:
         """Add one reply's tokens and costs; return its cost, its one-per-item cost and
         its one-per-item prompt tokens.
@@ -417,7 +430,8 @@ class PromptRecorder:
         ``shares`` is (shared tokens of this request, what a plain call pays besides its
         item, the frame around each item, the frame around each answer): one call per
         item would have sent each item's own tokens with the plain shared part, and no
-        frames.
+        frames; with a warm prompt cache, each would have read ``plain_cached`` of its
+        prompt tokens from it.
         """
         if usage is None:
             return math.nan, math.nan, 0
@@ -433,11 +447,19 @@ class PromptRecorder:
         self._input_baseline += baseline_input
         if self.price is None:
             return math.nan, math.nan, baseline_input
-        cached = usage.cached_input_tokens
         spent = cost(
-            usage.input_tokens, usage.output_tokens, self.price, cached_input_tokens=cached
+            usage.input_tokens,
+            usage.output_tokens,
+            self.price,
+            cached_input_tokens=usage.cached_input_tokens,
+            cache_write_tokens=usage.cache_write_tokens,
         )
-        baseline = cost(baseline_input, baseline_output, self.price, cached_input_tokens=cached)
+        # A request of one item is its own plain call, cache and all.
+        warm = max(items * max(0, plain_cached), usage.cached_input_tokens if items == 1 else 0)
+        baseline_cached = 0 if reask else min(baseline_input, warm)
+        baseline = cost(
+            baseline_input, baseline_output, self.price, cached_input_tokens=baseline_cached
+        )
         self._cost += spent
         self._cost_baseline += baseline
         return spent, baseline, baseline_input

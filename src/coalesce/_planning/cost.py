@@ -11,21 +11,48 @@ input-token prices, with ``r`` the output/input price ratio::
 so packing pays from the smallest ``n`` that makes this negative, and never when each
 item's frames cost as much as the plain shared part it saves (short instructions).
 :func:`smallest_paying_group` computes that ``n``.
+
+Prompt caching changes the sum. A provider that caches a prompt prefix bills a warm
+prefix at a fraction ``c`` of the input price (OpenAI: automatic from 1,024 tokens;
+Anthropic: a marked prefix above a per-model minimum, read at 0.1x). Plain calls then
+pay their shared part at ``c`` each, and a packed request its own, where each is long
+enough to be cached (:class:`PromptCache`)::
+
+    packed(n) - plain(n) = c_packed * shared + n * (frames - c_plain * plain_shared)
+
+The decision assumes a warm cache (steady traffic): the best plain alternative, not the
+naive one. Below the minimum nothing is cached and packing is the only way to pay the
+instructions once.
 """
 
 from __future__ import annotations
 
 import math
 
-from .._pricing import Price
+from .._pricing import Price, PromptCache
 from .footprint import Footprint
 
-__all__ = ["DEFAULT_OUTPUT_INPUT_RATIO", "packing_saves", "smallest_paying_group"]
+__all__ = [
+    "DEFAULT_OUTPUT_INPUT_RATIO",
+    "PackingCost",
+    "PromptCache",
+    "cached_share",
+    "packing_saves",
+    "smallest_paying_group",
+]
 
 #: Output tokens cost about four times input tokens at most providers (gpt-4o-mini
 #: $0.60/$0.15, gpt-4o $10/$2.50, claude haiku $4/$0.80 per million): the ratio used
 #: for a model without a known price.
 DEFAULT_OUTPUT_INPUT_RATIO = 4.0
+
+
+def cached_share(prefix_tokens: int, cache: PromptCache | None, price: Price | None) -> float:
+    """What a prefix of ``prefix_tokens`` costs with a warm cache, in input tokens:
+    all of it below the cache's minimum (or without a cache), a fraction above."""
+    if cache is None or prefix_tokens < cache.min_tokens:
+        return float(prefix_tokens)
+    return prefix_tokens * cache.discount(price)
 
 
 def _ratio(price: Price | None) -> float:
@@ -34,14 +61,23 @@ def _ratio(price: Price | None) -> float:
     return price.output_per_mtok / price.input_per_mtok
 
 
-def packing_saves(costs: Footprint, price: Price | None, items: int) -> float:
-    """Input-token equivalents a packed request of ``items`` saves against plain calls
-    (negative: it costs more)."""
+def _gain(costs: Footprint, price: Price | None, cache: PromptCache | None) -> float:
+    """What each packed item saves: its plain shared part, less its frames."""
     per_item = costs.item_frame + _ratio(price) * costs.answer_frame
-    return items * (costs.plain_shared - per_item) - costs.shared
+    return cached_share(costs.plain_shared, cache, price) - per_item
 
 
-def smallest_paying_group(costs: Footprint, price: Price | None, max_items: int) -> int | None:
+def packing_saves(
+    costs: Footprint, price: Price | None, items: int, cache: PromptCache | None = None
+) -> float:
+    """Input-token equivalents a packed request of ``items`` saves against plain calls
+    (negative: it costs more), with a warm ``cache`` if the provider has one."""
+    return items * _gain(costs, price, cache) - cached_share(costs.shared, cache, price)
+
+
+def smallest_paying_group(
+    costs: Footprint, price: Price | None, max_items: int, cache: PromptCache | None = None
+) -> int | None:
     """The smallest group whose packed request costs less than its members as plain
     calls, or ``None`` if no group of up to ``max_items`` does.
 
@@ -49,9 +85,65 @@ def smallest_paying_group(costs: Footprint, price: Price | None, max_items: int)
         costs: The function's token footprint.
         price: The model's price (``None``: unknown; the usual price ratio is assumed).
         max_items: The largest group allowed.
+        cache: The provider's prompt cache, if it has one (assumed warm).
     """
-    gain = costs.plain_shared - costs.item_frame - _ratio(price) * costs.answer_frame
+    gain = _gain(costs, price, cache)
     if gain <= 0:
         return None
-    smallest = max(2, math.floor(costs.shared / gain) + 1)
+    smallest = max(2, math.floor(cached_share(costs.shared, cache, price) / gain) + 1)
     return smallest if smallest <= max_items else None
+
+
+class PackingCost:
+    """Whether packing pays for one function, kept up to date as the provider's prompt
+    cache shows itself.
+
+    A provider that declares no cache is taken to have none until a reply reports
+    cached tokens; from then on the decision (and the plain-call baseline of the
+    statistics) assume the cache is warm.
+
+    Args:
+        costs: The function's token footprint.
+        price: The model's price, if known.
+        max_items: The largest group allowed.
+        cache: The provider's declared prompt cache, if any.
+        auto: Decide by cost (``packing="auto"``); otherwise packing always "pays".
+    """
+
+    def __init__(
+        self,
+        costs: Footprint,
+        price: Price | None,
+        max_items: int,
+        cache: PromptCache | None,
+        *,
+        auto: bool = True,
+    ) -> None:
+        self.costs, self.price, self.max_items, self.auto = costs, price, max_items, auto
+        self.cache = cache
+        self.smallest = self._decide()
+
+    @property
+    def pays_from(self) -> float:
+        """The smallest group that pays (``math.inf``: none)."""
+        return math.inf if self.smallest is None else self.smallest
+
+    def plain_cached_tokens(self) -> int:
+        """Prompt tokens a plain call would read from a warm cache: its shared part,
+        when the cache keeps a prefix that long."""
+        cache, shared = self.cache, self.costs.plain_shared
+        return shared if cache is not None and shared >= cache.min_tokens else 0
+
+    def saw_cached(self, cached_tokens: int) -> bool:
+        """Note a reply's cached tokens; whether this revealed a cache not known before
+        (the decision is then made again)."""
+        if cached_tokens <= 0 or self.cache is not None:
+            return False
+        self.cache = PromptCache()
+        self.smallest = self._decide()
+        return True
+
+    def _decide(self) -> int | None:
+        if not self.auto:
+            return 2
+        return smallest_paying_group(self.costs, self.price, self.max_items, self.cache)

@@ -36,6 +36,10 @@ class CompletionRequest:
         max_output_tokens: Cap on the reply's tokens, or ``None`` for the default.
         stream: Whether to stream the reply (text deltas go to ``on_text``).
         options: Further request options passed through unchanged (temperature...).
+        cache_key: A stable name for the request's shared prefix (the instructions and
+            the reply format), or ``None``. A provider with a prompt cache uses it:
+            OpenAI as ``prompt_cache_key``, Anthropic by marking the system prompt
+            with ``cache_control``.
     """
 
     model: str
@@ -46,15 +50,25 @@ class CompletionRequest:
     max_output_tokens: int | None = None
     stream: bool = False
     options: Mapping[str, Any] = field(default_factory=dict)
+    cache_key: str | None = None
 
 
 @dataclass(frozen=True)
 class Usage:
-    """Tokens a request consumed, as the provider reported them."""
+    """Tokens a request consumed, as the provider reported them.
+
+    Attributes:
+        input_tokens: Every prompt token, cached and cache-written ones included.
+        output_tokens: Reply tokens.
+        cached_input_tokens: Prompt tokens read from the provider's prompt cache.
+        cache_write_tokens: Prompt tokens written to the cache (Anthropic bills them
+            above the input price).
+    """
 
     input_tokens: int
     output_tokens: int
     cached_input_tokens: int = 0
+    cache_write_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -123,6 +137,9 @@ class Provider(Protocol):
     # ``reply_schema`` (strict structured outputs, a grammar): an id is never written
     # twice, so a streamed answer can be handed over the moment it is complete. Absent
     # means false: answers are held until the reply ends.
+    # Optional: ``prompt_cache(model) -> PromptCache | None`` says how the provider
+    # caches prompt prefixes for ``model`` (its minimum length, its price), for the
+    # decision whether packing pays. Absent: learned from the replies' cached tokens.
 
     async def complete(
         self, request: CompletionRequest, on_text: Callable[[str], None] | None = None

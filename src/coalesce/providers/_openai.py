@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from .._pricing import PromptCache
 from ._base import Completion, CompletionRequest, RetryAdvice, Usage
 from ._http import (
     REPLY_FIELDS,
@@ -55,6 +56,9 @@ class OpenAIProvider:
             schemas is taken to. Servers that merely accept ``response_format`` (many
             OpenAI-compatible ones) may write an id twice; streamed answers from them
             are held until the reply ends.
+        prompt_cache: How the server caches prompt prefixes; ``None``: OpenAI's own API
+            caches from 1,024 tokens (at the model's cached-input price), other hosts
+            are taken not to until a reply reports cached tokens. ``False``: never.
     """
 
     structured = True
@@ -66,13 +70,26 @@ class OpenAIProvider:
         strict: bool = True,
         name: str = "openai",
         enforces_schema: bool | None = None,
+        prompt_cache: PromptCache | bool | None = None,
     ) -> None:
         self.name = name
         self.strict = strict
         self._client = client.with_options(max_retries=0)
+        official = _enforcing_host(str(client.base_url))
         if enforces_schema is None:
-            enforces_schema = strict and _enforcing_host(str(client.base_url))
+            enforces_schema = strict and official
         self.enforces_schema = enforces_schema
+        if prompt_cache is None or prompt_cache is True:
+            prompt_cache = PromptCache() if official or prompt_cache else False
+        self._prompt_cache = prompt_cache if isinstance(prompt_cache, PromptCache) else None
+
+    def prompt_cache(self, model: str) -> PromptCache | None:
+        """How the server caches prompt prefixes (the same for every model).
+
+        Args:
+            model: The model name.
+        """
+        return self._prompt_cache
 
     async def complete(
         self, request: CompletionRequest, on_text: Callable[[str], None] | None = None
@@ -101,12 +118,18 @@ class OpenAIProvider:
 
         ``request.options`` come first, so the request's own fields win.
 
+        ``prompt_cache_key`` is the request's ``cache_key`` (unless the options set one),
+        so that requests sharing a prefix reach the same cache.
+
         Args:
             request: The request.
         """
-        return chat_body(
+        body = chat_body(
             request, structured=True, strict=self.strict, max_tokens_key="max_completion_tokens"
         )
+        if request.cache_key is not None and self._prompt_cache is not None:
+            body.setdefault("prompt_cache_key", request.cache_key)
+        return body
 
     def advise(self, error: BaseException) -> RetryAdvice:
         """Retry 408, 409, 429 (after ``retry-after``), 5xx, timeouts and connection errors.
