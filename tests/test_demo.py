@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from coalesce._demo import Result, poisson, render, tickets
+from coalesce._demo import Result, best_plain, poisson, render, tickets
 
 
 def test_workload_is_deterministic() -> None:
@@ -25,6 +25,16 @@ def test_render_compares_every_mode_with_one_call_per_item() -> None:
     assert "66.7%" in table  # within budget: 2 of 3 calls
     assert "| coalesced |" in table
     assert table.rstrip().endswith("67% |")  # a third of the cost: 67% saved
+
+
+def test_saved_is_against_the_cheaper_plain_row() -> None:
+    plain = Result("one call per item", [0.5], 2.0, 1, 300, 30, 0.004, 1.0)
+    cached = Result("one call per item, prompt cache", [0.5], 2.0, 1, 300, 30, 0.002, 1.0)
+    grouped = Result("coalesced", [1.0], 2.0, 1, 120, 30, 0.001, 3.0)
+    assert best_plain([plain, cached, grouped]) is cached
+    rows = render([plain, cached, grouped]).splitlines()
+    assert rows[2].endswith("-100% |")  # the naive plain row costs twice the cached one
+    assert rows[-1].endswith("50% |")  # half the cached plain row, not 75% of the naive
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ from ._exceptions import (
 from ._planning.latency import LatencyPrior
 from ._planning.tokens import CharacterEstimator, TiktokenEstimator, TokenEstimator
 from ._policy import DispatchPolicy, DispatchReason, Due
-from ._pricing import DEFAULT_PRICES, Price, price_for
+from ._pricing import DEFAULT_PRICES, Price, PromptCache, price_for
 from ._prompt import PromptFunction, prompt
 from ._prompt_stats import (
     CallEvent,
@@ -75,6 +75,7 @@ __all__ = [
     "LatencyPrior",
     "MissingOutputError",
     "Price",
+    "PromptCache",
     "PromptFunction",
     "PromptStatistics",
     "QueueFull",
