@@ -10,13 +10,18 @@ ways:
 * ``coalesce.prompt`` with groups of one (``max_items=1``): what coalesce costs when
   there is nothing to pack (a group of one is asked as a plain call);
 * fixed groups of 20 (``max_items=20``, ``max_wait=0.5``, no budget);
-* coalesced at ``latency_budget=2.0`` with ``max_wait=0.5``: the planner sizes each group.
+* coalesced at ``latency_budget=2.0`` with ``max_wait=0.5``: the planner sizes each
+  group, starting from coalesce's default prior (nothing declared about the provider).
+
+``--ttft``, ``--tokens-per-second``, ``--prefill`` and ``--jitter`` give the simulated
+server another latency profile: the planner is not tuned to one.
 
 It prints p50/p95/p99 latency, the share of calls within the budget, requests, prompt
 tokens and estimated cost, and the best group size for this budget computed from the
 simulated model's parameters beside the planner's mean group size.
 
-Run: ``python benchmarks/bench_budget.py [--calls 600] [--rate 100] [--seed 1]``.
+Run: ``python benchmarks/bench_budget.py [--calls 600] [--rate 100] [--seed 1]
+[--ttft 0.35] [--tokens-per-second 80] [--prefill 0.00005] [--jitter 0]``.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ MAX_WAIT = 0.5
 TTFT = 0.35
 PREFILL = 0.00005  # seconds per prompt token before the first token
 TOKENS_PER_SECOND = 80.0
+JITTER = 0.0
 OUTPUT_TOKENS = 12  # content tokens per item's output (its key in the reply adds about 3)
 
 INSTRUCTIONS = (
@@ -99,7 +105,8 @@ def simulator() -> AbstractContextManager[str]:
             "ttft": TTFT,
             "prompt_token_seconds": PREFILL,
             "tokens_per_second": TOKENS_PER_SECOND,
-        }
+        },
+        "jitter": JITTER,
     }
     return simulated_provider(latency=latency, output_tokens=OUTPUT_TOKENS)
 
@@ -198,17 +205,13 @@ async def main(calls: int, rate: float, seed: int, plot_path: str = "") -> None:
             max_items=64,
             max_wait=MAX_WAIT,
             latency_budget=BUDGET,
-            # Declared from the provider's published speed (round numbers, not the
-            # simulator's exact parameters); the planner calibrates from there.
-            latency_prior=coalesce.LatencyPrior(
-                overhead=0.4, prefill_per_token=1e-4, decode_per_token=1 / 80
-            ),
         )
         packed = {size: await packed_usage(url, size) for size in (1, 20)}
     base = runs["one call per item"]
     print(
         f"{calls} calls, Poisson arrivals at {rate:g}/s (seed {seed}); simulated provider over"
-        f" HTTP (TTFT {TTFT} s, {TOKENS_PER_SECOND:g} tokens/s); shared instruction"
+        f" HTTP (TTFT {TTFT} s, prefill {PREFILL:g} s/token, {TOKENS_PER_SECOND:g} tokens/s,"
+        f" jitter {JITTER:g}); shared instruction"
         f" {count_tokens(INSTRUCTIONS, MODEL)} tokens; max_wait {MAX_WAIT} s\n"
     )
     print(
@@ -283,6 +286,12 @@ if __name__ == "__main__":
     parser.add_argument("--rate", type=float, default=100.0)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--plot", default="", help="write a PNG here (needs matplotlib)")
+    parser.add_argument("--ttft", type=float, default=TTFT)
+    parser.add_argument("--tokens-per-second", type=float, default=TOKENS_PER_SECOND)
+    parser.add_argument("--prefill", type=float, default=PREFILL, help="seconds per prompt token")
+    parser.add_argument("--jitter", type=float, default=JITTER, help="relative spread, [0, 1)")
     args = parser.parse_args()
+    TTFT, TOKENS_PER_SECOND, PREFILL = args.ttft, args.tokens_per_second, args.prefill
+    JITTER = args.jitter
     warnings.simplefilter("ignore", coalesce.CoalesceWarning)  # offline token counts
     anyio.run(main, args.calls, args.rate, args.seed, args.plot)
