@@ -13,6 +13,7 @@ from __future__ import annotations
 from ._accounting import RequestRecord, SimulatorStatistics
 from ._asgi import SimulatedDisconnect
 from ._batches import BatchTiming
+from ._cache import SimulatedPromptCache
 from ._faults import Fault, FaultPlan
 from ._latency import Delays, LatencyProfile, SimulatedLatency, compute_delays
 from ._length import LongTail
@@ -37,6 +38,7 @@ __all__ = [
     "RequestRecord",
     "SimulatedDisconnect",
     "SimulatedLatency",
+    "SimulatedPromptCache",
     "SimulatedProvider",
     "SimulatorStatistics",
     "compute_delays",

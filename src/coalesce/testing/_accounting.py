@@ -20,7 +20,8 @@ class RequestRecord:
         model: The requested model.
         api_key: The bearer token or ``x-api-key`` (``""`` if none).
         items: Items in the request: the packed items, or 1.
-        prompt_tokens: Tokens of the prompt.
+        prompt_tokens: Tokens of the prompt, every one (cached and cache-written
+            ones included).
         completion_tokens: Tokens of the answer (0 if none was sent).
         status: The HTTP status sent (499 when the client went away first).
         faults: Names of the faults injected into this request.
@@ -28,6 +29,11 @@ class RequestRecord:
         finished_at: When the answer was complete.
         stream: Whether the answer was streamed.
         batch_id: The batch this line belongs to, if any.
+        cached_tokens: Of ``prompt_tokens``, those read from the prompt cache
+            (OpenAI ``cached_tokens``, Anthropic ``cache_read_input_tokens``).
+        cache_write_tokens: Of ``prompt_tokens``, those written to the prompt cache
+            (Anthropic ``cache_creation_input_tokens``; always 0 on OpenAI, which
+            does not bill writes).
     """
 
     api: str
@@ -42,6 +48,8 @@ class RequestRecord:
     finished_at: float
     stream: bool = False
     batch_id: str | None = None
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """Return the record as a JSON-able dict."""
@@ -59,6 +67,8 @@ class SimulatorStatistics(NamedTuple):
         rate_limited: Responses with status 429 (real or injected).
         faults: Requests that had at least one fault injected.
         errors: Responses with a status of 400 or more.
+        cached_tokens: Prompt tokens read from the prompt cache.
+        cache_write_tokens: Prompt tokens written to the prompt cache.
     """
 
     requests: int
@@ -68,6 +78,8 @@ class SimulatorStatistics(NamedTuple):
     rate_limited: int
     faults: int
     errors: int
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0
 
     def as_dict(self) -> dict[str, int]:
         """Return the totals as a JSON-able dict."""
@@ -111,4 +123,6 @@ class Ledger:
             rate_limited=sum(r.status == 429 for r in records),
             faults=sum(bool(r.faults) for r in records),
             errors=sum(r.status >= 400 for r in records),
+            cached_tokens=sum(r.cached_tokens for r in records),
+            cache_write_tokens=sum(r.cache_write_tokens for r in records),
         )

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._asgi import HttpError
+from ._cache import anthropic_cache_request, without_cache_control
 from ._engine import Answer, Prompt, ReplyContext
 from ._fields import content_texts, conversation, max_tokens, require_messages, require_str
 from ._flavour import StreamEvent
@@ -44,14 +45,15 @@ class AnthropicFlavour:
         """Return the prompt of a Messages request.
 
         The system prompt counts as prompt text, and a forced tool's ``input_schema``
-        is the schema of the answer.
+        is the schema of the answer; ``cache_control`` marks cache breakpoints.
 
         Args:
             body: The request body.
 
         Raises:
             HttpError: ``model``, ``max_tokens`` (required here) or ``messages`` is
-                missing or malformed, or ``tool_choice`` names an unknown tool.
+                missing or malformed, ``tool_choice`` names an unknown tool, or a
+                ``cache_control`` is invalid (or there are more than four).
         """
         model = require_str(body, "model")
         limit = max_tokens(body, "max_tokens")
@@ -63,7 +65,7 @@ class AnthropicFlavour:
         tool = _forced_tool(body)
         schema = tool.get("input_schema") if tool is not None else None
         if isinstance(body.get("tools"), list):
-            texts.append(json.dumps(body["tools"]))
+            texts.append(json.dumps([without_cache_control(t) for t in body["tools"]]))
         return Prompt(
             model=model,
             texts=tuple(texts),
@@ -73,6 +75,7 @@ class AnthropicFlavour:
             max_tokens=limit,
             stream=bool(body.get("stream")),
             messages=len(messages),
+            cache=anthropic_cache_request(body, messages),
         )
 
     @staticmethod
@@ -103,14 +106,14 @@ class AnthropicFlavour:
             "content": [self._block(answer, id, tool, empty=False)],
             "stop_reason": self._stop_reason(answer),
             "stop_sequence": None,
-            "usage": _usage(ctx.prompt_tokens, answer.completion_tokens),
+            "usage": _usage(ctx, answer.completion_tokens),
         }
 
     def stream(self, answer: Answer, pieces: list[str], ctx: ReplyContext) -> list[StreamEvent]:
         """Return the SSE events of a streamed message: (event, data, weight)."""
         id, tool = ctx.id, ctx.prompt.tool
         start = self.render(answer, ctx)
-        start.update(content=[], stop_reason=None, usage=_usage(ctx.prompt_tokens, 1))
+        start.update(content=[], stop_reason=None, usage=_usage(ctx, 1))
         delta_kind, field = (
             ("input_json_delta", "partial_json")
             if answer.tool_input is not None
@@ -193,10 +196,13 @@ def _json_pieces(text: str, count: int) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)]
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+def _usage(ctx: ReplyContext, output_tokens: int) -> dict[str, Any]:
+    """``input_tokens`` counts the prompt tokens neither read from nor written to the cache."""
+    written = ctx.cache_write_tokens
     return {
-        "input_tokens": prompt_tokens,
-        "output_tokens": completion_tokens,
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
+        "input_tokens": ctx.prompt_tokens - ctx.cached_tokens - written,
+        "output_tokens": output_tokens,
+        "cache_creation_input_tokens": written,
+        "cache_read_input_tokens": ctx.cached_tokens,
+        "cache_creation": {"ephemeral_5m_input_tokens": written, "ephemeral_1h_input_tokens": 0},
     }

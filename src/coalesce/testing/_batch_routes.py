@@ -10,7 +10,8 @@ from ._accounting import RequestRecord
 from ._anthropic import ANTHROPIC
 from ._asgi import HttpError, send_body
 from ._batches import Batch, LineResult, StoredFile, anthropic_status, lines_done, openai_status
-from ._engine import ReplyContext, count_text, prompt_tokens
+from ._cache_store import CacheUse
+from ._engine import Prompt, ReplyContext, count_text, prompt_tokens
 from ._faults import HTTP_FAULTS, Fault
 from ._flavour import Flavour, error_body, fault_error
 from ._generate import compose_answer
@@ -61,21 +62,36 @@ def answer_line(
     broken = sorted(faults & (HTTP_FAULTS | {Fault.HANG, Fault.DISCONNECT}))
     status, error = fault_error(flavour, broken[0]) if broken else (200, None)
     faults_seen = {*broken} if broken else answer.faults
+    cache = _line_cache(sim, prompt, api_key, tokens_in, finish) if error is None else CacheUse()
     sim.ledger.add(
         RequestRecord(
             api=flavour.api.split(".")[0] + ".batch", model=prompt.model, api_key=api_key,
             items=answer.items, prompt_tokens=tokens_in,
             completion_tokens=answer.completion_tokens if status == 200 else 0, status=status,
             faults=tuple(sorted(f.value for f in faults_seen)), started_at=now,
-            finished_at=finish, batch_id=batch_id,
+            finished_at=finish, batch_id=batch_id, cached_tokens=cache.read,
+            cache_write_tokens=cache.written,
         )
     )  # fmt: skip
     if error is not None:
         return status, error
     ctx = ReplyContext(
-        sim.next_id(flavour.id_prefix), int(sim.clock.unix(finish)), tokens_in, prompt, body
-    )
+        sim.next_id(flavour.id_prefix), int(sim.clock.unix(finish)), tokens_in, prompt, body,
+        cached_tokens=cache.read, cache_write_tokens=cache.written,
+    )  # fmt: skip
     return 200, flavour.render(answer, ctx)
+
+
+def _line_cache(
+    sim: Simulation, prompt: Prompt, api_key: str, tokens_in: int, finish: float
+) -> CacheUse:
+    """Read and write the prompt cache as the line is processed: lines run one after
+    another, so a line reads what the lines before it wrote."""
+    use = sim.prompt_cache.lookup(
+        prompt.cache, (api_key, prompt.model), tokens_in, finish, count_text
+    )
+    sim.prompt_cache.commit(use, finish, finish)
+    return use
 
 
 # ------------------------------------------------------------------------- files

@@ -34,6 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--time-scale", type=_time_scale, help="override the configuration's time_scale"
     )
     parser.add_argument("--seed", type=int, help="override the configuration's seed")
+    parser.add_argument(
+        "--no-prompt-cache",
+        action="store_true",
+        help="simulate no prompt caching (default: as the providers cache)",
+    )
     return parser
 
 
@@ -70,6 +75,8 @@ def _provider(args: argparse.Namespace) -> SimulatedProvider:
         options["time_scale"] = args.time_scale
     if args.seed is not None:
         options["seed"] = args.seed
+    if args.no_prompt_cache:
+        options["prompt_cache"] = False
     return SimulatedProvider(**options)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from coalesce._exceptions import ConfigurationError
 
 from ._batches import BatchTiming
+from ._cache import SimulatedPromptCache
 from ._faults import FaultPlan
 from ._latency import LatencyProfile, SimulatedLatency
 from ._length import LongTail
@@ -28,6 +29,7 @@ _TOP_KEYS = {
     "output_tokens",
     "batches",
     "context_window",
+    "prompt_cache",
 }
 
 
@@ -131,4 +133,12 @@ def provider_options(config: Mapping[str, Any]) -> dict[str, Any]:
         options["context_window"] = config["context_window"]  # checked by the provider
     if "batches" in config:
         options["batches"] = _build(BatchTiming, config["batches"], "batches")
+    if "prompt_cache" in config:
+        options["prompt_cache"] = _prompt_cache(config["prompt_cache"])
     return options
+
+
+def _prompt_cache(section: Any) -> SimulatedPromptCache | bool:
+    if isinstance(section, bool):
+        return section
+    return _build(SimulatedPromptCache, section, "prompt_cache")  # type: ignore[no-any-return]

@@ -12,11 +12,12 @@ import json
 import random
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from coalesce._planning.tokens import count_tokens
 
+from ._cache import CacheRequest
 from ._faults import ITEM_FAULTS, Fault, damage_results, damage_text
 from ._length import OutputTokens, target_tokens
 from ._model import expected_output
@@ -61,6 +62,7 @@ class Prompt:
         max_tokens: The completion token limit, if any.
         stream: Whether the answer is streamed.
         messages: How many messages the prompt has.
+        cache: What the request offers the prompt cache (nothing by default).
     """
 
     model: str
@@ -72,6 +74,7 @@ class Prompt:
     max_tokens: int | None = None
     stream: bool = False
     messages: int = 1
+    cache: CacheRequest = field(default_factory=CacheRequest)
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,8 @@ class ReplyContext:
         prompt_tokens: Tokens of the prompt.
         prompt: The parsed request.
         body: The raw request body.
+        cached_tokens: Of the prompt tokens, those read from the prompt cache.
+        cache_write_tokens: Of the prompt tokens, those written to the cache (Anthropic).
     """
 
     id: str
@@ -112,6 +117,8 @@ class ReplyContext:
     prompt_tokens: int
     prompt: Prompt
     body: Mapping[str, Any]
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0
 
 
 def prompt_tokens(prompt: Prompt, count: Counter) -> int:

@@ -2,14 +2,15 @@
 
 One request goes through :func:`generate` in four steps: admit it (parse, count,
 charge the rate limit), refuse it if over the limit, fail it if a fault says so, and
-otherwise answer it after the simulated latency, streamed or not.
+otherwise answer it (reading and writing the prompt cache, whose hits shorten the
+time to first token) after the simulated latency, streamed or not.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -76,6 +77,8 @@ class _Turn:
                 completion_tokens=answer.completion_tokens if answer else 0, status=status,
                 faults=tuple(sorted(f.value for f in faults)), started_at=self.started,
                 finished_at=sim.clock.now(), stream=prompt.stream,
+                cached_tokens=self.ctx.cached_tokens,
+                cache_write_tokens=self.ctx.cache_write_tokens,
             )
         )  # fmt: skip
 
@@ -183,7 +186,7 @@ async def _answer(turn: _Turn, faults: frozenset[Fault]) -> None:
     if faults - _CONNECTION_FAULTS:
         answer = compose_answer(sim, prompt, faults)
     applied = answer.faults | (faults & _CONNECTION_FAULTS)
-    delays = _delays(sim, prompt.model, turn.tokens_in, answer.completion_tokens)
+    turn, delays = _prefill(turn, answer.completion_tokens)
     drop = Fault.DISCONNECT in faults
     recorded = False
 
@@ -213,10 +216,22 @@ async def _answer(turn: _Turn, faults: frozenset[Fault]) -> None:
             turn.record(499, None, applied)
 
 
-def _delays(sim: Simulation, model: str, tokens_in: int, tokens_out: int) -> Delays:
+def _prefill(turn: _Turn, tokens_out: int) -> tuple[_Turn, Delays]:
+    """Read the prompt cache, time the answer, and cache what the request writes (usable
+    once its first token is out)."""
+    sim, prompt, started = turn.call.sim, turn.prompt, turn.started
+    scope = (turn.call.request.api_key, prompt.model)
+    use = sim.prompt_cache.lookup(prompt.cache, scope, turn.tokens_in, started, count_text)
+    delays = _delays(sim, prompt.model, turn.tokens_in, tokens_out, use.read)
+    sim.prompt_cache.commit(use, started, started + delays.first_token)
+    ctx = replace(turn.ctx, cached_tokens=use.read, cache_write_tokens=use.written)
+    return replace(turn, ctx=ctx), delays
+
+
+def _delays(sim: Simulation, model: str, tokens_in: int, tokens_out: int, cached: int) -> Delays:
     return compute_delays(
         sim.latency.profile_for(model), tokens_in, tokens_out, time_scale=sim.time_scale,
-        jitter=sim.latency.jitter, noise=sim.jitter_rng.random(),
+        jitter=sim.latency.jitter, noise=sim.jitter_rng.random(), cached_tokens=cached,
     )  # fmt: skip
 
 

@@ -21,7 +21,8 @@ class LatencyProfile:
 
     Attributes:
         ttft: Seconds before the first token, whatever the prompt.
-        prompt_token_seconds: Extra seconds to first token per prompt token.
+        prompt_token_seconds: Extra seconds to first token per prompt token (not
+            per token read from the prompt cache).
         tokens_per_second: Decoding speed once the first token is out.
     """
 
@@ -101,6 +102,7 @@ def compute_delays(
     time_scale: float = 1.0,
     jitter: float = 0.0,
     noise: float = 0.5,
+    cached_tokens: int = 0,
 ) -> Delays:
     """Return the delays of an answer; pure, no clock involved.
 
@@ -111,9 +113,12 @@ def compute_delays(
         time_scale: Multiplies every delay (``0.001`` runs a thousand times faster).
         jitter: Relative spread, see :attr:`SimulatedLatency.jitter`.
         noise: A draw in ``[0, 1)``; ``0.5`` means no jitter at all.
+        cached_tokens: Prompt tokens read from the prompt cache: their prefill is
+            free, so they add nothing to the time to first token.
     """
     factor = (1.0 + jitter * (2.0 * noise - 1.0)) * time_scale
-    first = (profile.ttft + profile.prompt_token_seconds * prompt_tokens) * factor
+    prefilled = max(0, prompt_tokens - cached_tokens)
+    first = (profile.ttft + profile.prompt_token_seconds * prefilled) * factor
     decode = completion_tokens / profile.tokens_per_second * factor
     return Delays(first, decode)
 

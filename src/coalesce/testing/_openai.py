@@ -6,6 +6,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from ._cache import openai_cache_request
 from ._engine import Answer, Prompt, ReplyContext
 from ._fields import conversation, max_tokens, require_messages, require_str
 from ._flavour import StreamEvent
@@ -26,14 +27,14 @@ class OpenAIFlavour:
 
         ``response_format`` gives the schema of the answer (``json_schema``) or asks
         for any JSON (``json_object``); ``max_completion_tokens`` wins over the older
-        ``max_tokens``.
+        ``max_tokens``; ``prompt_cache_key`` scopes the prompt cache.
 
         Args:
             body: The request body.
 
         Raises:
-            HttpError: ``model`` or ``messages`` is missing or malformed, or a token
-                limit is not a positive integer.
+            HttpError: ``model`` or ``messages`` is missing or malformed, a token
+                limit is not a positive integer, or ``prompt_cache_key`` not a string.
         """
         model = require_str(body, "model")
         messages = require_messages(body)
@@ -50,6 +51,7 @@ class OpenAIFlavour:
             max_tokens=max_tokens(body, "max_completion_tokens", "max_tokens"),
             stream=bool(body.get("stream")),
             messages=len(messages),
+            cache=openai_cache_request(body, messages, schema),
         )
 
     @staticmethod
@@ -78,7 +80,7 @@ class OpenAIFlavour:
                     "finish_reason": "length" if answer.truncated else "stop",
                 }
             ],
-            "usage": _usage(ctx.prompt_tokens, answer.completion_tokens),
+            "usage": _usage(ctx, answer),
             "system_fingerprint": "fp_simulated",
         }
 
@@ -110,7 +112,7 @@ class OpenAIFlavour:
             final = {
                 **chunk({}),
                 "choices": [],
-                "usage": _usage(ctx.prompt_tokens, answer.completion_tokens),
+                "usage": _usage(ctx, answer),
             }
             events.append((None, final, 0))
         return events
@@ -144,9 +146,11 @@ class OpenAIFlavour:
 OPENAI = OpenAIFlavour()
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+def _usage(ctx: ReplyContext, answer: Answer) -> dict[str, Any]:
+    """``prompt_tokens`` counts every prompt token, cached ones included."""
     return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens": ctx.prompt_tokens,
+        "completion_tokens": answer.completion_tokens,
+        "total_tokens": ctx.prompt_tokens + answer.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": ctx.cached_tokens, "audio_tokens": 0},
     }

@@ -15,6 +15,8 @@ from ._accounting import Ledger, RequestRecord, SimulatorStatistics
 from ._app import handle
 from ._asgi import Receive, Scope, Send
 from ._batches import BatchStore, BatchTiming
+from ._cache import SimulatedPromptCache
+from ._cache_store import PromptCacheStore
 from ._clock import Clock
 from ._config import load_config, provider_options
 from ._context import ContextWindows, check_windows
@@ -58,6 +60,14 @@ class SimulatedProvider:
             completion limit exceed it is refused with ``400`` and the provider's own
             message ("maximum context length is ...", "prompt is too long: ...").
             ``None`` (the default): no limit.
+        prompt_cache: Prompt caching as the providers document it: ``True`` (the
+            default) with the providers' settings, a :class:`SimulatedPromptCache` to
+            change them, or ``False`` for none. OpenAI caches every prompt of 1,024
+            tokens or more and reports ``prompt_tokens_details.cached_tokens``;
+            Anthropic caches prefixes marked with ``cache_control`` and reports
+            ``cache_creation_input_tokens`` and ``cache_read_input_tokens``. Cached
+            tokens add nothing to the time to first token, and every
+            :class:`RequestRecord` counts them.
 
     Raises:
         ConfigurationError: An option is out of range.
@@ -74,6 +84,7 @@ class SimulatedProvider:
         time_scale: float = 1.0,
         seed: int = 0,
         context_window: ContextWindows = None,
+        prompt_cache: SimulatedPromptCache | bool = True,
     ) -> None:
         if not time_scale > 0:
             raise ConfigurationError(f"time_scale must be > 0, got {time_scale}")
@@ -87,6 +98,7 @@ class SimulatedProvider:
         self.time_scale = time_scale
         self.seed = seed
         self.context_window = check_windows(context_window)
+        self.prompt_caching = _prompt_caching(prompt_cache)
         self.clock = Clock()
         self.ledger = Ledger()
         self.reset()
@@ -116,12 +128,14 @@ class SimulatedProvider:
         return cls.from_config(load_config(path))
 
     def reset(self) -> None:
-        """Start afresh: forget requests, rate-limit usage, batches and consumed faults."""
+        """Start afresh: forget requests, rate-limit usage, batches, consumed faults and
+        the prompt cache."""
         self.ledger.clear()
         self.limiter = RateLimiter(self.rate_limits, 60.0 * self.time_scale)
         self.faults = FaultSource(self.fault_plan)
         self.jitter_rng = random.Random(self.seed)
         self.batches = BatchStore(self.batch_timing, self.time_scale)
+        self.prompt_cache = PromptCacheStore(self.prompt_caching, self.time_scale, self.clock)
         self._ids = itertools.count(1)
 
     def next_id(self, prefix: str) -> str:
@@ -258,3 +272,14 @@ class SimulatedProvider:
             f"<SimulatedProvider time_scale={self.time_scale} requests={stats.requests}"
             f" faults_scripted={self.faults.pending}>"
         )
+
+
+def _prompt_caching(value: SimulatedPromptCache | bool) -> SimulatedPromptCache | None:
+    """The prompt cache's settings, or ``None`` for no cache."""
+    if isinstance(value, SimulatedPromptCache):
+        return value
+    if isinstance(value, bool):
+        return SimulatedPromptCache() if value else None
+    raise ConfigurationError(
+        f"prompt_cache must be True, False or a SimulatedPromptCache, got {value!r}"
+    )

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from ._accounting import Ledger
 from ._asgi import HttpRequest, Receive, Send, send_json
 from ._batches import BatchStore
+from ._cache_store import PromptCacheStore
 from ._clock import Clock
 from ._context import ContextWindows
 from ._faults import FaultPlan, FaultSource
@@ -39,6 +40,7 @@ class Simulation(Protocol):
     jitter_rng: random.Random
     time_scale: float
     context_window: ContextWindows
+    prompt_cache: PromptCacheStore
 
     def next_id(self, prefix: str) -> str: ...
     def reset(self) -> None: ...
