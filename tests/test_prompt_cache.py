@@ -8,11 +8,15 @@ simulated provider, which caches prompt prefixes as the real providers do.
 from __future__ import annotations
 
 import math
+from typing import Any, Literal
 
 import anthropic
+import anyio
 import openai
 import pytest
+from pydantic import BaseModel
 
+import coalesce
 from coalesce import Price
 from coalesce._planning.cost import (
     PackingCost,
@@ -24,6 +28,7 @@ from coalesce._planning.cost import (
 from coalesce._planning.footprint import Footprint
 from coalesce._pricing import cost
 from coalesce.providers import AnthropicProvider, CompletionRequest, OpenAIProvider
+from coalesce.testing import SimulatedProvider
 
 ROUND = Price(input_per_mtok=1.0, output_per_mtok=4.0, cached_input_per_mtok=0.1)
 LONG = Footprint(shared=2080, plain_shared=2000, item_frame=21, answer_frame=4)
@@ -136,3 +141,96 @@ def test_anthropic_minimum_prefix_depends_on_the_model() -> None:
     assert provider.prompt_cache("claude-sonnet-4-20250514") == PromptCache(1024, 0.1)
     assert provider.prompt_cache("claude-haiku-4-5") == PromptCache(4096, 0.1)
     assert provider.prompt_cache("claude-3-5-haiku-latest") == PromptCache(2048, 0.1)
+
+
+LONG_INSTRUCTIONS = " ".join(
+    ["Tag the support ticket with its category and its urgency, judging it alone."] * 90
+)
+
+
+class Tag(BaseModel):
+    category: Literal["billing", "bug", "account", "other"]
+    urgency: Literal["low", "medium", "high"]
+
+
+async def burst(fn: Any, n: int, start: int = 0) -> None:
+    async with anyio.create_task_group() as tg:
+        for i in range(start, start + n):
+            tg.start_soon(fn, f"ticket {i}")
+
+
+def tagger(client: Any, model: str, **options: Any) -> Any:
+    async def tag(ticket: str) -> Tag:
+        """(instructions= below)"""
+
+    return coalesce.prompt(
+        client=client,
+        model=model,
+        instructions=LONG_INSTRUCTIONS,
+        max_wait=0.1,
+        packing="always",
+        **options,
+    )(tag)
+
+
+@pytest.mark.anyio
+async def test_a_learned_cache_unpins_the_schema_so_groups_of_any_size_read_the_prefix() -> None:
+    sim = SimulatedProvider()
+    tag = tagger(sim.openai_client(), "gpt-4o-mini")
+    assert tag._engine.cost.cache is None  # a server not known to cache
+    await burst(tag, 3)
+    await burst(tag, 3, start=3)  # the same size: the pinned schema is the same
+    assert sim.requests[1].cached_tokens >= 1024
+    assert tag._engine.cost.cache == PromptCache()  # learned from that reply
+    await burst(tag, 5, start=6)  # unpinned from now on: a new prefix, written
+    await burst(tag, 4, start=11)  # another size, the same prefix: read
+    await tag.aclose()
+    assert [r.items for r in sim.requests] == [3, 3, 5, 4]
+    assert sim.requests[3].cached_tokens >= 1024
+    assert tag.statistics().cached_input_tokens == sum(r.cached_tokens for r in sim.requests)
+
+
+@pytest.mark.anyio
+async def test_an_enforcing_provider_keeps_the_schema_pinned() -> None:
+    sim = SimulatedProvider()
+    tag = tagger(sim.openai_client(), "gpt-4o-mini", schema_enforced=True)
+    for start, size in ((0, 3), (3, 3), (6, 5), (11, 4)):
+        await burst(tag, size, start)
+    await tag.aclose()
+    assert tag._engine.cost.cache is not None
+    # Early answers rely on the pinned schema: a group of another size misses the cache.
+    assert sim.requests[1].cached_tokens >= 1024
+    assert sim.requests[3].cached_tokens == 0
+
+
+@pytest.mark.anyio
+async def test_the_plain_call_baseline_assumes_a_warm_cache_where_there_is_one() -> None:
+    async def run(cache: bool) -> coalesce.PromptStatistics:
+        sim = SimulatedProvider(prompt_cache=cache)
+        tag = tagger(sim.openai_client(), "gpt-4o-mini")
+        for start in range(0, 24, 6):
+            await burst(tag, 6, start)
+        await tag.aclose()
+        return tag.statistics()
+
+    cold, warm = await run(False), await run(True)
+    assert cold.cached_input_tokens == 0 < warm.cached_input_tokens
+    # Plain calls would have read their instructions from the cache too: the baseline
+    # is the best plain alternative, and the saving shrinks but stays.
+    assert warm.estimated_cost_one_per_item < 0.7 * cold.estimated_cost_one_per_item
+    assert warm.estimated_cost < cold.estimated_cost
+    assert 0 < warm.savings < cold.savings
+
+
+@pytest.mark.anyio
+async def test_anthropic_requests_mark_the_prefix_and_pay_the_write_once() -> None:
+    sim = SimulatedProvider()
+    tag = tagger(sim.anthropic_client(), "claude-sonnet-4-20250514")
+    assert tag._engine.cost.cache == PromptCache(1024, 0.1)  # declared, not learned
+    for start, size in ((0, 3), (3, 5), (8, 4)):
+        await burst(tag, size, start)
+    await tag.aclose()
+    writes = [r.cache_write_tokens for r in sim.requests]
+    reads = [r.cached_tokens for r in sim.requests]
+    assert writes[0] >= 1024 and reads[0] == 0
+    assert writes[1:] == [0, 0] and min(reads[1:]) >= 1024

@@ -165,6 +165,7 @@ class Run:
     mean_group: float = 1.0
     reasons: Mapping[str, int] = field(default_factory=dict)  # groups by flush reason
     cached_tokens: int = 0  # prompt tokens read from the provider's cache
+    smallest_paying_group: int | None = None  # coalesce's, for coalesced runs
 
 
 async def run(
@@ -205,6 +206,7 @@ async def run(
         mean_group=batches.mean_batch_size,
         reasons={reason: n for reason, n in batches.batches_by_reason.items() if n},
         cached_tokens=stats.cached_input_tokens,
+        smallest_paying_group=stats.smallest_paying_group,
     )
 
 
@@ -214,13 +216,20 @@ async def _timed(
     call: Callable[[str], Awaitable[object]],
     advance: Callable[[], None],
 ) -> list[float]:
-    """Each call's latency, in the order the calls finished."""
+    """Each call's latency, in the order the calls finished; ``inf`` for a call that
+    failed (a coalesce error: freed at its deadline, say), which counts as late."""
+    from ._exceptions import CoalesceError
+
     latencies: list[float] = []
 
     async def one(text: str) -> None:
         start = time.perf_counter()
-        await call(text)
-        latencies.append(time.perf_counter() - start)
+        try:
+            await call(text)
+        except CoalesceError:
+            latencies.append(math.inf)
+        else:
+            latencies.append(time.perf_counter() - start)
         advance()
 
     await at_arrivals(arrivals, texts, one)

@@ -428,9 +428,26 @@ def _request_for(group: Group, items: list[Any]) -> tuple[PackedRequest, bool]:
         items,
         spec.output_schema,
         structured=structured,
+        pin=pinned(group),
         keyed=keyed_replies(spec, group.options),
     )
     return packed, False
+
+
+def pinned(group: Group) -> bool:
+    """Whether to pin the ids in the reply schema (see docs/protocol.md).
+
+    A pinned schema differs between group sizes, and providers cache it before the
+    instructions (OpenAI puts the schema first, Anthropic its tools): where the prompt
+    cache would keep the shared prefix, an unpinned schema keeps it the same for every
+    request, so every request reads the instructions from the cache. A provider trusted
+    to enforce the schema keeps it pinned: answers handed over while the reply streams
+    rely on the schema's forbidding a repeated id.
+    """
+    cost = group.cost
+    if group.trust.enforced or cost is None or cost.cache is None:
+        return True
+    return cost.costs.shared < cost.cache.min_tokens
 
 
 def _writing_order(group: Group, jobs: list[Job], slots: list[list[int]]) -> list[list[int]]:
