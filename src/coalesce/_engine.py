@@ -96,13 +96,9 @@ class Engine:
         self.spec = spec
         self.options = options
         estimator = options.token_estimator or estimator_for(spec.model)
-        self.footprint = footprint(
-            spec.instructions,
-            spec.output_schema,
-            estimator,
-            structured=spec.provider.structured,
-            keyed=keyed_replies(spec, options),
-        )
+        shape = {"structured": spec.provider.structured, "keyed": keyed_replies(spec, options)}
+        self.footprint = footprint(spec.instructions, spec.output_schema, estimator, **shape)
+        unpinned = footprint(spec.instructions, spec.output_schema, estimator, pin=False, **shape)
         self.recorder = recorder or PromptRecorder(
             spec.name, spec.model, prices=options.prices, on_event=options.on_event
         )
@@ -112,7 +108,7 @@ class Engine:
             spec, options, self.footprint, estimator, DEFAULT_EXPECTED_OUTPUT_TOKENS
         )
         listeners: list[GroupObserver] = [
-            StatisticsListener(self.recorder, self.footprint, self._learn_cache),
+            StatisticsListener(self.recorder, self.footprint, self._learn_cache, unpinned),
             self.trust,
             self.admission.window,
         ]

@@ -82,6 +82,7 @@ class Asked:
     text: bool  # ... answered in text
     reask: bool
     deadline: float
+    pinned: bool = True  # its reply schema names every id
 
 
 @dataclass
@@ -171,7 +172,8 @@ def build(group: Group, jobs: list[Job], indexes: list[int]) -> Asked:
     for index in indexes:
         slots.setdefault(jobs[index].key if options.dedupe else str(index), []).append(index)
     members = _writing_order(group, jobs, list(slots.values()))
-    packed, plain = _request_for(group, [jobs[member[0]].item for member in members])
+    pin = pinned(group)
+    packed, plain = _request_for(group, [jobs[member[0]].item for member in members], pin)
     reask = any(jobs[index].attempts > 0 for index in indexes)
     for index in indexes:
         jobs[index].attempts += 1
@@ -193,6 +195,7 @@ def build(group: Group, jobs: list[Job], indexes: list[int]) -> Asked:
         text=plain and text_output(spec.output_schema),
         reask=reask,
         deadline=min(jobs[index].deadline for index in indexes),
+        pinned=pin,
     )
 
 
@@ -382,6 +385,7 @@ def _report(
         now=anyio.current_time(),
         schema_broken=split is not None and schema_broken(split),
         contradicted=_contradicted(sent, split),
+        pinned=asked.pinned,
     )
     group.observer.request_done(report)
 
@@ -410,7 +414,7 @@ def _give(jobs: list[Job], index: int, outcome: Any, resolve: Resolve) -> None:
     resolve(index, outcome)
 
 
-def _request_for(group: Group, items: list[Any]) -> tuple[PackedRequest, bool]:
+def _request_for(group: Group, items: list[Any], pin: bool) -> tuple[PackedRequest, bool]:
     """The request asking for ``items``, and whether it is a plain call of one item.
 
     A group of one gains nothing from packing: it is asked as a plain call would ask it
@@ -428,7 +432,7 @@ def _request_for(group: Group, items: list[Any]) -> tuple[PackedRequest, bool]:
         items,
         spec.output_schema,
         structured=structured,
-        pin=pinned(group),
+        pin=pin,
         keyed=keyed_replies(spec, group.options),
     )
     return packed, False

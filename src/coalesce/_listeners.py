@@ -36,6 +36,8 @@ class StatisticsListener:
         cache: Told each reply's cached prompt tokens; returns the tokens a plain call
             would read from a warm prompt cache (the best plain alternative). ``None``:
             no cache is assumed.
+        unpinned: The footprint of requests whose reply schema does not name every id,
+            if they are sent (see :func:`coalesce._group.pinned`).
     """
 
     def __init__(
@@ -43,10 +45,12 @@ class StatisticsListener:
         recorder: PromptRecorder,
         footprint: Footprint,
         cache: Callable[[int], int] | None = None,
+        unpinned: Footprint | None = None,
     ) -> None:
         self.recorder = recorder
         self.footprint = footprint
         self.cache = cache
+        self.unpinned = unpinned or footprint
 
     def request_sent(self, slots: Mapping[str, Sequence[Job]], reask: bool) -> None:
         """Count a request as it is sent (so counts are exact while replies stream); tell
@@ -69,7 +73,8 @@ class StatisticsListener:
                 report.items, error, seconds=report.seconds, reask=report.reask, label=label
             )
             return
-        completion, footprint, plain = report.completion, self.footprint, report.plain
+        completion, plain = report.completion, report.plain
+        footprint = self.footprint if report.pinned else self.unpinned
         cached = 0 if completion.usage is None else completion.usage.cached_input_tokens
         plain_cached = 0 if self.cache is None else self.cache(cached)
         self.recorder.request_finished(

@@ -89,6 +89,7 @@ class RequestReport:
             outputs, an id missing from a complete reply, an id not asked for).
         contradicted: Ids answered while the reply streamed that the complete reply
             contradicts (the same id again with another output).
+        pinned: Its reply schema named every id (see docs/protocol.md).
     """
 
     slots: Mapping[str, Sequence[Job]]
@@ -104,6 +105,7 @@ class RequestReport:
     now: float
     schema_broken: bool = False
     contradicted: tuple[str, ...] = ()
+    pinned: bool = True
 
     @property
     def items(self) -> int:

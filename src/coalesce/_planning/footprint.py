@@ -45,14 +45,15 @@ def footprint(
     *,
     structured: bool,
     keyed: bool,
+    pin: bool = True,
 ) -> Footprint:
     """Estimate the :class:`Footprint` of requests asking ``instructions`` for outputs of
     ``output_schema`` (``structured``: the provider is sent the reply schema; ``keyed``:
-    wire format 2)."""
+    wire format 2; ``pin``: the reply schema names every id)."""
 
     def size(n: int, *, system: bool) -> int:
         packed = pack_request(
-            instructions, [None] * n, output_schema, structured=structured, keyed=keyed
+            instructions, [None] * n, output_schema, structured=structured, pin=pin, keyed=keyed
         )
         tokens = estimator.count(packed.system if system else packed.user)
         if structured:
