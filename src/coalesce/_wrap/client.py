@@ -1,9 +1,10 @@
 """``coalesce.wrap(client)``: an ``AsyncOpenAI`` / ``AsyncAnthropic`` that coalesces.
 
-The wrapper has the client's interface; only ``chat.completions.create`` (OpenAI)
-and ``messages.create`` (Anthropic) are intercepted. A compatible call (see
-:mod:`coalesce._wrap.plan`) becomes one call of an :class:`~coalesce._engine.Engine`,
-one engine per kind of call (same model, instructions and options); its caller gets
+The wrapper has the client's interface; only ``chat.completions.create`` and
+``.parse`` (OpenAI, also under ``beta``) and ``messages.create`` and ``.parse``
+(Anthropic) are intercepted. A compatible call (see :mod:`coalesce._wrap.plan`, and
+:mod:`coalesce._wrap.parse` for ``parse``) becomes one call of an
+:class:`~coalesce._engine.Engine`, one engine per kind of call (same model, instructions and options); its caller gets
 a genuine SDK response (:mod:`coalesce._wrap.replies`) whose content is its own answer
 and whose usage is its share, charged by the engine's
 :class:`~coalesce._listeners.UsageShares` listener. Anything else goes to the real
@@ -14,7 +15,7 @@ request.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from types import MappingProxyType
 from typing import Any, Literal, TypeVar, cast
 
@@ -24,7 +25,7 @@ import pydantic_core
 from .._admission import check_item
 from .._client import as_provider
 from .._engine import Engine
-from .._exceptions import ConfigurationError, InvalidInputError
+from .._exceptions import ConfigurationError, InvalidInputError, TruncatedOutputError
 from .._listeners import UsageShares
 from .._planning.latency import LatencyPrior
 from .._pricing import Price
@@ -33,6 +34,13 @@ from .._report import Job
 from .._spec import DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_ITEMS, DEFAULT_MAX_WAIT, FunctionSpec, Options
 from .._validate import check_callable
 from ..providers import AnthropicProvider, OpenAIProvider, Provider
+from .parse import (
+    anthropic_parse_plan,
+    anthropic_parsed,
+    openai_length_error,
+    openai_parse_plan,
+    openai_parsed,
+)
 from .plan import Plan, anthropic_plan, coalesce_headers, given_arguments, openai_plan
 from .replies import anthropic_response, anthropic_stream, openai_response, openai_stream
 
@@ -169,10 +177,11 @@ class _Proxy:
 
 
 class CoalescedClient(_Proxy):
-    """What :func:`wrap` returns: the client, with coalescing ``create`` calls.
+    """What :func:`wrap` returns: the client, with coalescing ``create`` and ``parse``.
 
-    Every attribute but ``chat.completions.create`` (OpenAI) / ``messages.create``
-    (Anthropic) is the wrapped client's own.
+    Every attribute but ``chat.completions.create`` / ``.parse`` (OpenAI, and the same
+    under ``beta.chat.completions``) and ``messages.create`` / ``.parse`` (Anthropic) is
+    the wrapped client's own.
     """
 
     def __init__(
@@ -181,36 +190,64 @@ class CoalescedClient(_Proxy):
         self._engines = engines
         self._partition = partition
         if kind == "openai":
-            completions = _Proxy(client.chat.completions, {"create": self._openai_create})
-            own = {"chat": _Proxy(client.chat, {"completions": completions})}
+            own = self._openai_resources(client)
         else:
-            own = {"messages": _Proxy(client.messages, {"create": self._anthropic_create})}
+            own = {"messages": self._anthropic_messages(client.messages)}
         super().__init__(client, {**own, "close": self.aclose})
-        self._create = (
-            client.chat.completions.create if kind == "openai" else client.messages.create
-        )
 
-    async def _openai_create(self, **kwargs: Any) -> Any:
-        return await self._route(kwargs, openai_plan, (openai_response, openai_stream))
+    def _openai_resources(self, client: Any) -> dict[str, Any]:
+        own = {"chat": self._openai_chat(client.chat)}
+        beta: Any = getattr(client, "beta", None)
+        if getattr(beta, "chat", None) is not None:
+            own["beta"] = _Proxy(beta, {"chat": self._openai_chat(beta.chat)})
+        return own
 
-    async def _anthropic_create(self, **kwargs: Any) -> Any:
-        return await self._route(kwargs, anthropic_plan, (anthropic_response, anthropic_stream))
+    def _openai_chat(self, chat: Any) -> _Proxy:
+        completions = chat.completions
+        create, parse = completions.create, _method(completions, "parse")
+
+        async def coalesced_create(**kwargs: Any) -> Any:
+            return await self._route(kwargs, openai_plan, (openai_response, openai_stream), create)
+
+        async def coalesced_parse(**kwargs: Any) -> Any:
+            respond = openai_parsed(given_arguments(kwargs).get("response_format"))
+            try:
+                # parse() never streams: its planner passes stream= through.
+                return await self._route(kwargs, openai_parse_plan, (respond, openai_stream), parse)
+            except TruncatedOutputError as exc:
+                raise openai_length_error(exc, str(kwargs.get("model"))) from exc
+
+        own = {"create": coalesced_create, "parse": coalesced_parse}
+        return _Proxy(chat, {"completions": _Proxy(completions, _present(completions, own))})
+
+    def _anthropic_messages(self, messages: Any) -> _Proxy:
+        create, parse = messages.create, _method(messages, "parse")
+        streamed: tuple[Respond, RespondStreamed] = (anthropic_response, anthropic_stream)
+
+        async def coalesced_create(**kwargs: Any) -> Any:
+            return await self._route(kwargs, anthropic_plan, streamed, create)
+
+        async def coalesced_parse(**kwargs: Any) -> Any:
+            respond = anthropic_parsed(given_arguments(kwargs).get("output_format"))
+            return await self._route(kwargs, anthropic_parse_plan, (respond, streamed[1]), parse)
+
+        own = {"create": coalesced_create, "parse": coalesced_parse}
+        return _Proxy(messages, _present(messages, own))
 
     async def _route(
         self,
         kwargs: dict[str, Any],
         planner: Callable[[Mapping[str, Any], float | None], Plan | None],
         respond: tuple[Respond, RespondStreamed],
+        send: Callable[..., Awaitable[Any]],
     ) -> Any:
         cleaned, headers = coalesce_headers(kwargs)
         given = given_arguments(cleaned)
         if headers.coalesce:
             _check_sendable(given)
-        if given.get("stream") is False:
-            del given["stream"]  # a non-streamed call, said explicitly
         plan = planner(given, headers.budget) if headers.coalesce else None
         if plan is None or self._engines.engine(plan).pays_from is None:
-            return await self._create(**cleaned)  # not coalescible, or packing cannot pay
+            return await send(**cleaned)  # not coalescible, or packing cannot pay
         key = partition_key(self._partition, kwargs, headers.partition)
         value, job, finished = await self._engines.answer(plan, key)
         whole, streamed = respond
@@ -239,6 +276,16 @@ class CoalescedClient(_Proxy):
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+
+def _method(resource: Any, name: str) -> Any:
+    """``resource.name``, or ``None`` where this SDK's resource has none."""
+    return getattr(resource, name, None)
+
+
+def _present(resource: Any, methods: Mapping[str, Any]) -> dict[str, Any]:
+    """Those of ``methods`` the SDK resource has (``parse`` is missing from older SDKs)."""
+    return {name: method for name, method in methods.items() if hasattr(resource, name)}
 
 
 def partition_key(

@@ -12,7 +12,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from .._exceptions import ConfigurationError
 
@@ -64,7 +64,7 @@ _OPENAI_HANDLED = frozenset(
 _OPENAI_CAPS = ("max_completion_tokens", "max_tokens")
 _ANTHROPIC_FORWARDED = frozenset({"temperature", "top_p", "top_k", "metadata", "service_tier"})
 _ANTHROPIC_HANDLED = frozenset(
-    {"model", "messages", "system", "max_tokens", "tools", "tool_choice", "stream"}
+    {"model", "messages", "system", "max_tokens", "tools", "tool_choice", "stream", "output_config"}
 )
 
 
@@ -353,7 +353,8 @@ def anthropic_plan(kwargs: Mapping[str, Any], budget: float | None = None) -> Pl
 
     Coalesced: one user message to answer (plain text), earlier turns of plain text, a
     ``system`` string (or text blocks), no tools except one forced with ``tool_choice``
-    (its ``input_schema`` is the output schema), ``stream`` on or off, no thinking.
+    (its ``input_schema`` is the output schema) or else an ``output_config`` of a
+    ``json_schema`` format alone (its ``schema`` is), ``stream`` on or off, no thinking.
 
     Args:
         kwargs: The call's keyword arguments, sentinels and coalesce headers removed.
@@ -368,9 +369,12 @@ def anthropic_plan(kwargs: Mapping[str, Any], budget: float | None = None) -> Pl
     turns = _turns(earlier, frozenset())
     valid, cap = _cap(kwargs, ("max_tokens",))
     tool = _forced_tool(kwargs.get("tools"), kwargs.get("tool_choice"))
-    if turns is None or not valid or tool is False:
+    output = _output_format(kwargs.get("output_config"))
+    if turns is None or not valid or tool is False or output is False:
         return None
-    name, schema = tool if isinstance(tool, tuple) else (None, None)
+    if isinstance(tool, tuple) and output is not None:
+        return None  # a forced tool and a reply format: which is the answer?
+    name, schema = tool if isinstance(tool, tuple) else (None, output)
     stream = _stream(kwargs.get("stream"))
     if stream is None:
         return None
@@ -391,6 +395,18 @@ def _anthropic_system(value: Any) -> str | None:
     ):
         return "\n\n".join(b["text"] for b in value)
     return None
+
+
+def _output_format(value: Any) -> Mapping[str, Any] | Literal[False] | None:
+    """The schema of ``output_config={"format": {"type": "json_schema", ...}}``;
+    ``None`` for none; ``False`` for any other ``output_config``."""
+    if value is None:
+        return None
+    fmt = value.get("format") if isinstance(value, Mapping) and set(value) == {"format"} else None
+    if not isinstance(fmt, Mapping) or fmt.get("type") != "json_schema":
+        return False
+    schema = fmt.get("schema")
+    return schema if isinstance(schema, Mapping) else False
 
 
 def _forced_tool(tools: Any, choice: Any) -> tuple[str, Mapping[str, Any]] | bool | None:
