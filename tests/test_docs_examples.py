@@ -13,6 +13,7 @@ import pytest
 from pydantic import BaseModel
 
 import coalesce
+from coalesce._pricing import cost
 from coalesce.testing import SimulatedProvider
 
 pytestmark = pytest.mark.anyio
@@ -64,3 +65,39 @@ async def test_a_generous_budget_fills_max_items_from_the_first_call() -> None:
     latencies = await burst(tag_ticket, 300)
     assert sorted(r.items for r in sim.requests) == [20] * 15
     assert max(latencies) <= 30.0
+
+
+class ReadmeTag(BaseModel):
+    category: Literal["billing", "bug", "account", "other"]
+    urgency: Literal["low", "medium", "high"]
+
+
+def _ledger_cost(sim: SimulatedProvider) -> float:
+    price = coalesce.price_for("gpt-4o-mini")
+    assert price is not None
+    return sum(cost(r.prompt_tokens, r.completion_tokens, price) for r in sim.requests)
+
+
+async def _steady_cost(rate: float, **options: Any) -> tuple[float, list[int]]:
+    sim = SimulatedProvider()
+
+    @coalesce.prompt(client=sim.openai_client(), model="gpt-4o-mini", latency_budget=2.0,
+                     **options)  # fmt: skip
+    async def tag(ticket: str) -> ReadmeTag:
+        """Tag the support ticket with a category and an urgency."""
+
+    async with anyio.create_task_group() as tg:
+        for i in range(int(rate * 20)):
+            tg.start_soon(tag, f"ticket {i}: my invoice is wrong")
+            await anyio.sleep(1 / rate)
+    await tag.aclose()
+    return _ledger_cost(sim), [r.items for r in sim.requests]
+
+
+@pytest.mark.parametrize("rate", [2.0, 30.0, 50.0])
+async def test_readme_tag_at_steady_traffic_costs_no_more_than_plain_calls(rate: float) -> None:
+    # The README's example as written, at steady traffic (evenly spaced calls), against
+    # the same calls made one by one (groups of one are plain calls): never dearer.
+    (coalesced, _), (plain, sizes) = await _steady_cost(rate), await _steady_cost(rate, max_items=1)
+    assert set(sizes) == {1}
+    assert coalesced <= plain * 1.001

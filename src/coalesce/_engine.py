@@ -145,7 +145,7 @@ class Engine:
             auto=options.packing == "auto",
         )
         self.recorder.smallest_paying_group = cost.smallest
-        if cost.smallest is None:
+        if cost.smallest is None and options.max_items > 1:  # 1: packing is off anyway
             _warn_packing_cannot_pay(spec, self.footprint, options.max_items)
         return cost
 
