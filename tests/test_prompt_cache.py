@@ -127,9 +127,7 @@ def test_openai_sends_no_cache_key_to_an_unknown_server() -> None:
 def test_anthropic_marks_the_shared_prefix_when_asked() -> None:
     provider = AnthropicProvider(anthropic.AsyncAnthropic(api_key="sk-test"))
     marked = provider.arguments(REQUEST)["system"]
-    assert marked == [
-        {"type": "text", "text": "Tag it.", "cache_control": {"type": "ephemeral"}}
-    ]
+    assert marked == [{"type": "text", "text": "Tag it.", "cache_control": {"type": "ephemeral"}}]
     unmarked = CompletionRequest(model="m", system="Tag it.", user="[]")
     assert provider.arguments(unmarked)["system"] == "Tag it."
     off = AnthropicProvider(anthropic.AsyncAnthropic(api_key="sk-test"), prompt_cache=False)
@@ -232,5 +230,7 @@ async def test_anthropic_requests_mark_the_prefix_and_pay_the_write_once() -> No
     await tag.aclose()
     writes = [r.cache_write_tokens for r in sim.requests]
     reads = [r.cached_tokens for r in sim.requests]
-    assert writes[0] >= 1024 and reads[0] == 0
-    assert writes[1:] == [0, 0] and min(reads[1:]) >= 1024
+    assert writes[0] >= 1024
+    assert reads[0] == 0
+    assert writes[1:] == [0, 0]
+    assert min(reads[1:]) >= 1024
