@@ -118,6 +118,9 @@ def main(argv: list[str]) -> int:
             f"coalesce simulate: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr
         )
         return 2
+    # Listening before the address is printed: a client that reads it and connects at
+    # once waits in the backlog until uvicorn accepts, instead of being refused.
+    sock.listen(2048)
     host, port = sock.getsockname()[:2]
     url = f"http://{host}:{port}"
     print(f"coalesce simulated provider listening on {url}", flush=True)
