@@ -1,0 +1,107 @@
+"""Which lane a call takes: real time, flex or a batch job. Pure.
+
+A call's latency budget says how long its caller can wait; each lane has a time by
+which it can promise an answer, and a price:
+
+========  ==========================================  ===========================
+lane      answers within                              price
+========  ==========================================  ===========================
+realtime  seconds (the budget planner sizes groups)   list price
+flex      minutes (OpenAI ``service_tier="flex"``)    about half (batch prices)
+batch     the provider's completion window (24 h)     half
+========  ==========================================  ===========================
+
+With ``lane="auto"``, a call goes to the cheapest lane whose promise fits inside its
+budget, counting the time a batch waits to be collected. A call without a budget stays
+in real time: nobody said it may wait. A lane the provider lacks (Anthropic has no
+flex) is skipped.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from .._exceptions import ConfigurationError
+
+__all__ = ["LANE_CHOICES", "Lane", "LaneTimes", "check_lane", "choose_lane"]
+
+
+class Lane(str, enum.Enum):
+    """Where a call is sent."""
+
+    REALTIME = "realtime"
+    FLEX = "flex"
+    BATCH = "batch"
+
+
+#: What ``lane=`` accepts.
+LANE_CHOICES = ("auto", "realtime", "flex", "batch")
+
+
+@dataclass(frozen=True)
+class LaneTimes:
+    """By when each deferred lane promises an answer, in seconds after a call.
+
+    Attributes:
+        flex: OpenAI's flex processing: slower than real time, and it may refuse with
+            429 when capacity is short (then the call falls back to real time). OpenAI
+            advises a client timeout of 15 minutes.
+        batch: The batch APIs' completion window (24 h for both providers). Most jobs
+            finish much sooner, but only the window is promised.
+        collect: How long a call waits for the batch lane's next job (``batch_window``).
+    """
+
+    flex: float = 15 * 60.0
+    batch: float = 24 * 3600.0
+    collect: float = 60.0
+
+    def __post_init__(self) -> None:
+        for name in ("flex", "batch", "collect"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                raise ConfigurationError(f"LaneTimes.{name} must be seconds >= 0, got {value!r}")
+
+
+def check_lane(lane: object, supported: Collection[Lane]) -> str:
+    """``lane`` if it is a lane name the provider supports, else a clear error.
+
+    Raises:
+        ConfigurationError: Not one of :data:`LANE_CHOICES`, or a lane the provider
+            does not offer.
+    """
+    if lane not in LANE_CHOICES:
+        raise ConfigurationError(
+            f"lane must be one of {', '.join(map(repr, LANE_CHOICES))}, got {lane!r}"
+        )
+    if lane != "auto" and Lane(str(lane)) not in supported:
+        offered = ", ".join(repr(each.value) for each in Lane if each in supported)
+        raise ConfigurationError(
+            f"lane={lane!r} is not offered by this provider (it offers {offered});"
+            " use lane='auto' to take the cheapest lane it offers"
+        )
+    return str(lane)
+
+
+def choose_lane(
+    lane: str, budget: float | None, supported: Collection[Lane], times: LaneTimes
+) -> Lane:
+    """The lane of one call.
+
+    Args:
+        lane: The function's ``lane=`` option (checked by :func:`check_lane`).
+        budget: The call's latency budget in seconds, or ``None``.
+        supported: The lanes the provider offers (real time always).
+        times: When each deferred lane promises an answer.
+    """
+    if lane != "auto":
+        return Lane(lane)
+    if budget is None:
+        return Lane.REALTIME
+    if Lane.BATCH in supported and budget >= times.batch + times.collect:
+        return Lane.BATCH
+    if Lane.FLEX in supported and budget >= times.flex:
+        return Lane.FLEX
+    return Lane.REALTIME

@@ -1,0 +1,73 @@
+"""Lane choice by deadline (issue 14, point 1): pure, with hand-built inputs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from coalesce import ConfigurationError
+from coalesce._lanes.choose import Lane, LaneTimes, check_lane, choose_lane
+
+ALL = frozenset(Lane)
+NO_FLEX = frozenset({Lane.REALTIME, Lane.BATCH})
+TIMES = LaneTimes()
+HOUR = 3600.0
+
+
+@pytest.mark.parametrize(
+    ("budget", "expected"),
+    [
+        (None, Lane.REALTIME),  # nobody said the call may wait
+        (2.0, Lane.REALTIME),
+        (14 * 60, Lane.REALTIME),
+        (15 * 60, Lane.FLEX),
+        (24 * HOUR, Lane.FLEX),  # the batch window alone, without the collection wait
+        (24 * HOUR + 60, Lane.BATCH),
+        (48 * HOUR, Lane.BATCH),
+    ],
+)
+def test_auto_takes_the_cheapest_lane_whose_promise_fits_the_budget(
+    budget: float | None, expected: Lane
+) -> None:
+    assert choose_lane("auto", budget, ALL, TIMES) is expected
+
+
+def test_a_provider_without_flex_keeps_minutes_in_real_time() -> None:
+    assert choose_lane("auto", 30 * 60, NO_FLEX, TIMES) is Lane.REALTIME
+    assert choose_lane("auto", 30 * HOUR, NO_FLEX, TIMES) is Lane.BATCH
+
+
+def test_an_explicit_lane_is_kept_whatever_the_budget() -> None:
+    assert choose_lane("batch", 1.0, ALL, TIMES) is Lane.BATCH
+    assert choose_lane("realtime", 48 * HOUR, ALL, TIMES) is Lane.REALTIME
+
+
+@given(
+    budget=st.one_of(st.none(), st.floats(min_value=0, max_value=1e7)),
+    collect=st.floats(min_value=0, max_value=HOUR),
+    batch=st.floats(min_value=HOUR, max_value=48 * HOUR),
+)
+def test_auto_never_batches_a_call_whose_budget_ends_before_the_batch_promise(
+    budget: float | None, collect: float, batch: float
+) -> None:
+    times = LaneTimes(batch=batch, collect=collect)
+    chosen = choose_lane("auto", budget, ALL, times)
+    if chosen is Lane.BATCH:
+        assert budget is not None
+        assert budget >= batch + collect
+    if chosen is Lane.FLEX:
+        assert budget is not None
+        assert budget >= times.flex
+
+
+def test_bad_lanes_are_refused_with_the_fix() -> None:
+    with pytest.raises(ConfigurationError, match="lane must be one of 'auto'"):
+        check_lane("nightly", ALL)
+    with pytest.raises(ConfigurationError, match=r"lane='flex' is not offered.*lane='auto'"):
+        check_lane("flex", NO_FLEX)
+    assert check_lane("auto", NO_FLEX) == "auto"
+    with pytest.raises(ConfigurationError, match=r"LaneTimes\.batch must be seconds"):
+        LaneTimes(batch=math.inf)
