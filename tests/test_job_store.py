@@ -24,17 +24,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from coalesce._exceptions import ConfigurationError, InvalidInputError
 from coalesce._lanes.keys import item_key
-from coalesce._lanes.store import (
-    SCHEMA_VERSION,
-    ItemRow,
-    Job,
-    JobStore,
-    PlannedLine,
-    StoredItem,
-    StoredLine,
-    default_store_path,
-    store_path_for,
-)
+from coalesce._lanes.paths import default_store_path, store_path_for
+from coalesce._lanes.records import ItemRow, Job, PlannedLine, StoredItem, StoredLine
+from coalesce._lanes.schema import SCHEMA_VERSION
+from coalesce._lanes.store import JobStore
 
 SCHEMA = {"type": "object", "properties": {"tag": {"type": "string"}}}
 
@@ -437,7 +430,8 @@ def test_a_new_store_on_the_same_file_sees_everything(tmp_path: Path) -> None:
 
 CHILD = """
 import sys
-from coalesce._lanes.store import ItemRow, JobStore, PlannedLine
+from coalesce._lanes.records import ItemRow, PlannedLine
+from coalesce._lanes.store import JobStore
 store = JobStore(sys.argv[1])
 rows = [ItemRow.for_call("tag", "m", "Tag.", {}, {"n": n}) for n in range(3)]
 keys = store.add_items(rows)
