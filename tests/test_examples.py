@@ -37,7 +37,9 @@ def test_nightly_tagging_groups_background_work() -> None:
 
 
 @pytest.mark.slow
-def test_copilot_endpoint_answers_within_its_budget() -> None:
+def test_copilot_endpoint_answers_every_call() -> None:
     out = run("copilot_endpoint.py")
-    assert out.startswith("12 suggestions;")
-    assert out.rstrip().endswith("100%")
+    # Every call is answered: a suggestion, or "out of time" at its deadline (timing
+    # itself is not asserted on a shared machine; the budget tests run on virtual time).
+    assert out.startswith("12 calls answered: ")
+    assert "provider requests; p95" in out
