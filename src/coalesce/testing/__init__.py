@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from ._accounting import RequestRecord, SimulatorStatistics
 from ._asgi import SimulatedDisconnect
-from ._batches import BatchTiming
+from ._batches import BatchSubmission, BatchTiming
 from ._cache import SimulatedPromptCache
 from ._faults import Fault, FaultPlan
+from ._flex import FlexProcessing
 from ._latency import Delays, LatencyProfile, SimulatedLatency, compute_delays
 from ._length import LongTail
 from ._model import expected_output
@@ -26,10 +27,12 @@ from ._wire import item_output_schema
 LatencyModel = SimulatedLatency
 
 __all__ = [
+    "BatchSubmission",
     "BatchTiming",
     "Delays",
     "Fault",
     "FaultPlan",
+    "FlexProcessing",
     "LatencyModel",
     "LatencyProfile",
     "LongTail",

@@ -34,6 +34,10 @@ class RequestRecord:
         cache_write_tokens: Of ``prompt_tokens``, those written to the prompt cache
             (Anthropic ``cache_creation_input_tokens``; always 0 on OpenAI, which
             does not bill writes).
+        service_tier: The service tier the reply states (OpenAI Chat Completions:
+            ``"default"``, ``"flex"`` or ``"priority"``); ``None`` for Anthropic and
+            batch lines. A flex request refused for capacity has status 429, this
+            tier and the fault ``"resource_unavailable"``.
     """
 
     api: str
@@ -50,6 +54,7 @@ class RequestRecord:
     batch_id: str | None = None
     cached_tokens: int = 0
     cache_write_tokens: int = 0
+    service_tier: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Return the record as a JSON-able dict."""

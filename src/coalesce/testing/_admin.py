@@ -7,7 +7,7 @@ from coalesce._exceptions import ConfigurationError
 from ._asgi import HttpError
 from ._routing import Call
 
-__all__ = ["inject", "reset", "root", "stats"]
+__all__ = ["expire_batch", "inject", "inject_flex", "reset", "root", "stats"]
 
 
 async def root(call: Call) -> None:
@@ -24,18 +24,25 @@ async def root(call: Call) -> None:
                 "/v1/messages",
                 "/v1/messages/batches",
             ],
-            "admin": ["/_sim/stats", "/_sim/reset", "/_sim/faults"],
+            "admin": [
+                "/_sim/stats",
+                "/_sim/reset",
+                "/_sim/faults",
+                "/_sim/flex",
+                "/_sim/batches/expire",
+            ],
         }
     )
 
 
 async def stats(call: Call) -> None:
-    """``GET /_sim/stats``: the totals and every request's record."""
+    """``GET /_sim/stats``: the totals, every request's record and every batch created."""
     ledger = call.sim.ledger
     await call.reply(
         {
             "totals": ledger.statistics().as_dict(),
             "requests": [record.as_dict() for record in ledger.records()],
+            "batches": [batch.as_dict() for batch in call.sim.batches.submissions()],
         }
     )
 
@@ -62,3 +69,36 @@ async def inject(call: Call) -> None:
     except ConfigurationError as exc:
         raise HttpError(400, str(exc)) from None
     await call.reply({"pending": call.sim.faults.pending})
+
+
+async def inject_flex(call: Call) -> None:
+    """``POST /_sim/flex``: script the next flex requests (``true`` refuses one).
+
+    Raises:
+        HttpError: The body is not ``{"script": [true, false, ...]}``.
+    """
+    script = call.request.json_object().get("script")
+    if not isinstance(script, list):
+        raise HttpError(
+            400, 'send {"script": [...]}: true (refuse) or false (serve) per flex request'
+        )
+    try:
+        call.sim.flex.inject(*script)
+    except ConfigurationError as exc:
+        raise HttpError(400, str(exc)) from None
+    await call.reply({"pending": call.sim.flex.pending})
+
+
+async def expire_batch(call: Call) -> None:
+    """``POST /_sim/batches/expire``: the next batch stops after ``after_lines`` lines and
+    expires at the end of its completion window.
+
+    Raises:
+        HttpError: The body is not ``{"after_lines": n}`` with ``n >= 0``.
+    """
+    after = call.request.json_object().get("after_lines", 0)
+    try:
+        call.sim.batches.stall_next(after)
+    except ConfigurationError as exc:
+        raise HttpError(400, str(exc)) from None
+    await call.reply({"after_lines": after})

@@ -4,25 +4,28 @@ from __future__ import annotations
 
 import re
 
-from ._admin import inject, reset, root, stats
+from ._admin import expire_batch, inject, inject_flex, reset, root, stats
 from ._anthropic import ANTHROPIC
 from ._asgi import HttpError, Receive, Scope, Send, read_request
 from ._batch_routes import (
     cancel_batch,
-    cancel_message_batch,
     create_batch,
-    create_message_batch,
     delete_file,
     file_content,
     get_batch,
     get_file,
-    get_message_batch,
     list_batches,
-    message_batch_results,
     upload_file,
 )
 from ._flavour import Flavour, send_error
 from ._generate import chat_completions, messages
+from ._message_batch_routes import (
+    cancel_message_batch,
+    create_message_batch,
+    get_message_batch,
+    list_message_batches,
+    message_batch_results,
+)
 from ._openai import OPENAI
 from ._routing import Call, Handler, Simulation
 
@@ -35,6 +38,8 @@ _TABLE: list[tuple[str, str, Handler]] = [
     ("GET", r"/_sim/stats", stats),
     ("POST", r"/_sim/reset", reset),
     ("POST", r"/_sim/faults", inject),
+    ("POST", r"/_sim/flex", inject_flex),
+    ("POST", r"/_sim/batches/expire", expire_batch),
     ("POST", r"/v1/files", upload_file),
     ("GET", r"/v1/files/(?P<id>[^/]+)", get_file),
     ("DELETE", r"/v1/files/(?P<id>[^/]+)", delete_file),
@@ -44,6 +49,7 @@ _TABLE: list[tuple[str, str, Handler]] = [
     ("GET", r"/v1/batches/(?P<id>[^/]+)", get_batch),
     ("POST", r"/v1/batches/(?P<id>[^/]+)/cancel", cancel_batch),
     ("POST", r"/v1/messages/batches", create_message_batch),
+    ("GET", r"/v1/messages/batches", list_message_batches),
     ("GET", r"/v1/messages/batches/(?P<id>[^/]+)", get_message_batch),
     ("POST", r"/v1/messages/batches/(?P<id>[^/]+)/cancel", cancel_message_batch),
     ("GET", r"/v1/messages/batches/(?P<id>[^/]+)/results", message_batch_results),

@@ -14,6 +14,7 @@ from coalesce._exceptions import ConfigurationError
 from ._batches import BatchTiming
 from ._cache import SimulatedPromptCache
 from ._faults import FaultPlan
+from ._flex import FlexProcessing
 from ._latency import LatencyProfile, SimulatedLatency
 from ._length import LongTail
 from ._ratelimit import RateLimit, RateLimits
@@ -30,6 +31,8 @@ _TOP_KEYS = {
     "batches",
     "context_window",
     "prompt_cache",
+    "flex",
+    "enqueued_token_limit",
 }
 
 
@@ -133,6 +136,10 @@ def provider_options(config: Mapping[str, Any]) -> dict[str, Any]:
         options["context_window"] = config["context_window"]  # checked by the provider
     if "batches" in config:
         options["batches"] = _build(BatchTiming, config["batches"], "batches")
+    if "flex" in config:
+        options["flex"] = _build(FlexProcessing, config["flex"], "flex")
+    if "enqueued_token_limit" in config:
+        options["enqueued_token_limit"] = config["enqueued_token_limit"]  # checked by the provider
     if "prompt_cache" in config:
         options["prompt_cache"] = _prompt_cache(config["prompt_cache"])
     return options

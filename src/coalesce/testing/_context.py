@@ -18,8 +18,12 @@ __all__ = ["ContextWindows", "check_windows", "refusal", "window_for"]
 ContextWindows: TypeAlias = "int | Mapping[str, int] | None"
 
 
-def check_windows(windows: ContextWindows) -> ContextWindows:
+def check_windows(windows: ContextWindows, name: str = "context_window") -> ContextWindows:
     """Return ``windows`` if every window is a positive number of tokens.
+
+    Args:
+        windows: One limit for every model, one per model name, or ``None``.
+        name: The option's name, for the error message.
 
     Raises:
         ConfigurationError: A window is not a positive integer.
@@ -30,7 +34,7 @@ def check_windows(windows: ContextWindows) -> ContextWindows:
             isinstance(value, bool) or not isinstance(value, int) or value < 1
         ):
             raise ConfigurationError(
-                f"context_window must be a positive number of tokens, or a mapping of model"
+                f"{name} must be a positive number of tokens, or a mapping of model"
                 f" names to one, got {windows!r}"
             )
     return windows

@@ -23,7 +23,7 @@ from ._engine import Answer, Prompt, ReplyContext, compose, count_text, prompt_t
 from ._faults import HTTP_FAULTS, Fault
 from ._flavour import Flavour, StreamEvent, error_body, fault_error, send_error
 from ._latency import Delays, compute_delays, pace
-from ._openai import OPENAI
+from ._openai import OPENAI, reply_tier
 from ._ratelimit import RateDecision, retry_headers
 from ._routing import Call, Simulation
 
@@ -66,17 +66,21 @@ class _Turn:
     clean: Answer  # the answer without faults: what the rate limit charges
     ctx: ReplyContext
     headers: dict[str, str]
+    tier: str | None = None  # the service tier (OpenAI), as the reply states it
 
-    def record(self, status: int, answer: Answer | None, faults: frozenset[Fault]) -> None:
-        """Log the request in the provider's ledger."""
+    def record(
+        self, status: int, answer: Answer | None, faults: frozenset[Fault], *, also: str = ""
+    ) -> None:
+        """Log the request in the provider's ledger (``also``: one more fault name)."""
         sim, prompt = self.call.sim, self.prompt
         sim.ledger.add(
             RequestRecord(
                 api=self.flavour.api, model=prompt.model, api_key=self.call.request.api_key,
                 items=self.clean.items, prompt_tokens=self.tokens_in,
                 completion_tokens=answer.completion_tokens if answer else 0, status=status,
-                faults=tuple(sorted(f.value for f in faults)), started_at=self.started,
-                finished_at=sim.clock.now(), stream=prompt.stream,
+                faults=tuple(sorted([f.value for f in faults] + ([also] if also else []))),
+                started_at=self.started, finished_at=sim.clock.now(), stream=prompt.stream,
+                service_tier=self.tier,
                 cached_tokens=self.ctx.cached_tokens,
                 cache_write_tokens=self.ctx.cache_write_tokens,
             )
@@ -100,6 +104,10 @@ async def generate(call: Call, flavour: Flavour) -> None:
         return
     if not decision.allowed:
         await _refuse(turn, decision)
+        return
+    flex = call.sim.flex.refusal(flavour, turn.tier, turn.prompt.model)
+    if flex is not None:
+        await _flex_refuse(turn, *flex)
         return
     faults = call.sim.faults.next()
     http_faults = sorted(faults & HTTP_FAULTS)
@@ -129,7 +137,8 @@ def _admit(call: Call, flavour: Flavour) -> tuple[_Turn, RateDecision | None]:
         flavour.request_id_header: f"req_{ctx.id}",
         **(flavour.rate_headers(decision, sim.clock.unix(started)) if decision else {}),
     }
-    return _Turn(call, flavour, prompt, started, tokens_in, clean, ctx, headers), decision
+    tier = reply_tier(body) if flavour is OPENAI else None
+    return _Turn(call, flavour, prompt, started, tokens_in, clean, ctx, headers, tier), decision
 
 
 def _refusal(sim: Simulation, flavour: Flavour, prompt: Prompt, tokens_in: int) -> str | None:
@@ -169,6 +178,12 @@ def _rate_message(model: str, decision: RateDecision) -> str:
         f"Rate limit reached for {model} on {kind} per min: limit {quota.limit},"
         f" remaining {quota.remaining}. Please try again in {decision.retry_after:.3f}s."
     )
+
+
+async def _flex_refuse(turn: _Turn, status: int, body: dict[str, Any]) -> None:
+    """Answer a flex request its refusal: no capacity (``429``) or no flex for the model."""
+    turn.record(status, None, frozenset(), also=str(body["error"].get("code") or ""))
+    await send_json(turn.call.send, status, body, turn.headers)
 
 
 async def _fail(turn: _Turn, fault: Fault) -> None:
@@ -222,15 +237,18 @@ def _prefill(turn: _Turn, tokens_out: int) -> tuple[_Turn, Delays]:
     sim, prompt, started = turn.call.sim, turn.prompt, turn.started
     scope = (turn.call.request.api_key, prompt.model)
     use = sim.prompt_cache.lookup(prompt.cache, scope, turn.tokens_in, started, count_text)
-    delays = _delays(sim, prompt.model, turn.tokens_in, tokens_out, use.read)
+    slowdown = sim.flex.slowdown(turn.tier)
+    delays = _delays(sim, prompt.model, turn.tokens_in, tokens_out, use.read, slowdown)
     sim.prompt_cache.commit(use, started, started + delays.first_token)
     ctx = replace(turn.ctx, cached_tokens=use.read, cache_write_tokens=use.written)
     return replace(turn, ctx=ctx), delays
 
 
-def _delays(sim: Simulation, model: str, tokens_in: int, tokens_out: int, cached: int) -> Delays:
+def _delays(
+    sim: Simulation, model: str, tokens_in: int, tokens_out: int, cached: int, slowdown: float
+) -> Delays:
     return compute_delays(
-        sim.latency.profile_for(model), tokens_in, tokens_out, time_scale=sim.time_scale,
+        sim.latency.profile_for(model), tokens_in, tokens_out, time_scale=sim.time_scale * slowdown,
         jitter=sim.latency.jitter, noise=sim.jitter_rng.random(), cached_tokens=cached,
     )  # fmt: skip
 

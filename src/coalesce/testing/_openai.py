@@ -12,7 +12,7 @@ from ._fields import conversation, max_tokens, require_messages, require_str
 from ._flavour import StreamEvent
 from ._ratelimit import RateDecision, openai_headers
 
-__all__ = ["OPENAI", "OpenAIFlavour"]
+__all__ = ["OPENAI", "OpenAIFlavour", "reply_tier"]
 
 
 class OpenAIFlavour:
@@ -81,6 +81,7 @@ class OpenAIFlavour:
                 }
             ],
             "usage": _usage(ctx, answer),
+            "service_tier": reply_tier(ctx.body),
             "system_fingerprint": "fp_simulated",
         }
 
@@ -96,6 +97,7 @@ class OpenAIFlavour:
                 "object": "chat.completion.chunk",
                 "created": created,
                 "model": model,
+                "service_tier": reply_tier(ctx.body),
                 "system_fingerprint": "fp_simulated",
                 "choices": [
                     {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
@@ -144,6 +146,17 @@ class OpenAIFlavour:
 
 
 OPENAI = OpenAIFlavour()
+
+
+def reply_tier(body: Mapping[str, Any]) -> str:
+    """Return the ``service_tier`` a reply states: ``"flex"`` or ``"priority"`` when
+    asked for, else ``"default"`` (``"auto"`` and no tier included).
+
+    Args:
+        body: The request body.
+    """
+    tier = body.get("service_tier")
+    return tier if tier in ("flex", "priority") else "default"
 
 
 def _usage(ctx: ReplyContext, answer: Answer) -> dict[str, Any]:

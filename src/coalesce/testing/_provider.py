@@ -14,13 +14,14 @@ from coalesce._exceptions import ConfigurationError
 from ._accounting import Ledger, RequestRecord, SimulatorStatistics
 from ._app import handle
 from ._asgi import Receive, Scope, Send
-from ._batches import BatchStore, BatchTiming
+from ._batches import BatchStore, BatchSubmission, BatchTiming
 from ._cache import SimulatedPromptCache
 from ._cache_store import PromptCacheStore
 from ._clock import Clock
 from ._config import load_config, provider_options
 from ._context import ContextWindows, check_windows
 from ._faults import FaultPlan, FaultSource, FaultSpec
+from ._flex import FlexProcessing, FlexSource
 from ._latency import SimulatedLatency
 from ._length import OutputTokens, target_tokens
 from ._model import expected_output
@@ -51,7 +52,8 @@ class SimulatedProvider:
         faults: Faults to inject, by probability or script.
         output_tokens: Target answer length per item: a number, a callable of the
             item (e.g. :class:`LongTail`), or ``None`` for the natural length.
-        batches: How long batches take to validate, run and finalize.
+        batches: How long batches take to validate, run and finalize, and their
+            completion window (24 hours): lines not done by then expire.
         time_scale: Multiplies every duration: latencies, rate-limit windows, batch
             times, hangs. ``0.001`` runs a thousand times faster than real.
         seed: Seed of the latency jitter.
@@ -68,6 +70,15 @@ class SimulatedProvider:
             ``cache_creation_input_tokens`` and ``cache_read_input_tokens``. Cached
             tokens add nothing to the time to first token, and every
             :class:`RequestRecord` counts them.
+        flex: How OpenAI flex requests (``service_tier="flex"``) are served: slower
+            by :attr:`FlexProcessing.latency_factor` (3), and refused with ``429``
+            ``resource_unavailable`` with the chance
+            :attr:`FlexProcessing.unavailable` (0.05, seeded). ``None``: the defaults.
+        enqueued_token_limit: Prompt tokens a model may have in unfinished batches
+            (each API counts its own): one limit for every model, or one per model
+            name (others have none). A create over it fails: OpenAI's batch ends
+            ``failed`` with the error ``token_limit_exceeded``, Anthropic's create is
+            refused with ``429``. ``None`` (the default): no limit.
 
     Raises:
         ConfigurationError: An option is out of range.
@@ -85,6 +96,8 @@ class SimulatedProvider:
         seed: int = 0,
         context_window: ContextWindows = None,
         prompt_cache: SimulatedPromptCache | bool = True,
+        flex: FlexProcessing | None = None,
+        enqueued_token_limit: ContextWindows = None,
     ) -> None:
         if not time_scale > 0:
             raise ConfigurationError(f"time_scale must be > 0, got {time_scale}")
@@ -99,6 +112,8 @@ class SimulatedProvider:
         self.seed = seed
         self.context_window = check_windows(context_window)
         self.prompt_caching = _prompt_caching(prompt_cache)
+        self.flex_processing = flex or FlexProcessing()
+        self.enqueued_token_limit = check_windows(enqueued_token_limit, "enqueued_token_limit")
         self.clock = Clock()
         self.ledger = Ledger()
         self.reset()
@@ -128,11 +143,12 @@ class SimulatedProvider:
         return cls.from_config(load_config(path))
 
     def reset(self) -> None:
-        """Start afresh: forget requests, rate-limit usage, batches, consumed faults and
-        the prompt cache."""
+        """Start afresh: forget requests, rate-limit usage, batches, consumed faults, flex
+        scripts and the prompt cache."""
         self.ledger.clear()
         self.limiter = RateLimiter(self.rate_limits, 60.0 * self.time_scale)
         self.faults = FaultSource(self.fault_plan)
+        self.flex = FlexSource(self.flex_processing)
         self.jitter_rng = random.Random(self.seed)
         self.batches = BatchStore(self.batch_timing, self.time_scale)
         self.prompt_cache = PromptCacheStore(self.prompt_caching, self.time_scale, self.clock)
@@ -172,6 +188,39 @@ class SimulatedProvider:
             ConfigurationError: A name is not a fault.
         """
         self.faults.inject(*requests)
+
+    def inject_flex(self, *refusals: bool) -> None:
+        """Script the next flex requests, one argument per request: ``True`` refuses
+        it with ``429`` ``resource_unavailable``, ``False`` serves it (no draw).
+
+        Args:
+            refusals: For each coming flex request, whether it is refused.
+
+        Raises:
+            ConfigurationError: An entry is not a bool.
+        """
+        self.flex.inject(*refusals)
+
+    def expire_next_batch(self, after_lines: int = 0) -> None:
+        """Make the next batch created (either API, failed ones aside) stop after its
+        first ``after_lines`` lines and expire at the end of its completion window
+        (``BatchTiming.completion_window`` times ``time_scale`` after its creation).
+
+        Calls queue up: each one applies to one batch, in order.
+
+        Args:
+            after_lines: Lines done before the batch stalls (0: none).
+
+        Raises:
+            ConfigurationError: ``after_lines`` is not an integer >= 0.
+        """
+        self.batches.stall_next(after_lines)
+
+    @property
+    def batch_submissions(self) -> tuple[BatchSubmission, ...]:
+        """Every batch created since the start or the last reset, in order: what a
+        test counts submissions (and repeated custom ids) with."""
+        return self.batches.submissions()
 
     def expected_output(self, item_input: Any, schema: Mapping[str, Any] | None = None) -> Any:
         """Return the answer this provider gives to ``item_input``.

@@ -19,6 +19,7 @@ from ._cache_store import PromptCacheStore
 from ._clock import Clock
 from ._context import ContextWindows
 from ._faults import FaultPlan, FaultSource
+from ._flex import FlexSource
 from ._latency import SimulatedLatency
 from ._length import OutputTokens
 from ._ratelimit import RateLimiter
@@ -41,6 +42,8 @@ class Simulation(Protocol):
     time_scale: float
     context_window: ContextWindows
     prompt_cache: PromptCacheStore
+    flex: FlexSource
+    enqueued_token_limit: ContextWindows
 
     def next_id(self, prefix: str) -> str: ...
     def reset(self) -> None: ...
