@@ -21,7 +21,7 @@ text, or why there is none and whether asking again may help.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -35,6 +35,7 @@ __all__ = [
     "anthropic_request",
     "chunk",
     "encoded_size",
+    "jsonl",
     "openai_line",
     "read_anthropic_result",
     "read_openai_line",
@@ -75,9 +76,26 @@ def anthropic_request(custom_id: str, params: Mapping[str, Any]) -> dict[str, An
     return {"custom_id": custom_id, "params": body}
 
 
+def _encode(line: Mapping[str, Any]) -> bytes:
+    text = json.dumps(line, ensure_ascii=False, separators=(",", ":"), default=_mapping)
+    return text.encode() + b"\n"
+
+
+def _mapping(value: object) -> dict[str, Any]:
+    """Read-only mappings (as the job store returns requests) encode as objects."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
 def encoded_size(line: Mapping[str, Any]) -> int:
     """Bytes of ``line`` as one JSONL line (UTF-8, with its newline)."""
-    return len(json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode()) + 1
+    return len(_encode(line))
+
+
+def jsonl(lines: Iterable[Mapping[str, Any]]) -> bytes:
+    """``lines`` as a JSONL file, one compact UTF-8 line each."""
+    return b"".join(map(_encode, lines))
 
 
 def chunk(

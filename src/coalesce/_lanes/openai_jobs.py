@@ -1,0 +1,203 @@
+"""OpenAI batch jobs, durable: submit once, attach after a crash, keep every result.
+
+The order of writes is what makes a crash harmless (see :mod:`coalesce._lanes.store`):
+
+1. the job, its lines and their items are written to the store (``planned``) before
+   anything leaves the process;
+2. the input file is uploaded and its id recorded (``uploaded``);
+3. before creating the batch, the provider's list is searched for a batch whose
+   metadata names this job (a crash between create and step 4 left one there);
+   only if there is none is the batch created, with that metadata;
+4. the batch id is recorded (``submitted``).
+
+A process started again calls :func:`resume`: every unfinished job continues from the
+step it reached, so nothing is submitted (or billed) twice. Results are read by
+``custom_id`` from the output and error files; a packed line's reply is split per item
+and validated; lines that did not finish (expiry, cancellation, 429/5xx) release their
+items for a follow-up job.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from .._wire.outcomes import Split
+from .._wire.packing import make_ids, split_reply
+from .lines import LineOutcome, jsonl, read_openai_line
+from .records import JOB_METADATA_KEY, Job, JobState, StoredLine
+from .store import JobStore
+
+__all__ = ["JobOutcome", "Poll", "collect", "resume", "submit", "wait"]
+
+#: Batch states after which nothing more will happen.
+TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
+
+
+@dataclass(frozen=True)
+class Poll:
+    """How often to ask about a batch: from ``first`` seconds, times ``factor`` after
+    each answer that is not final, up to ``longest``."""
+
+    first: float = 10.0
+    factor: float = 1.5
+    longest: float = 600.0
+
+    def delays(self) -> Callable[[], float]:
+        """A fresh sequence of delays."""
+        state = [self.first]
+
+        def next_delay() -> float:
+            delay = state[0]
+            state[0] = min(self.longest, delay * self.factor)
+            return delay
+
+        return next_delay
+
+
+@dataclass
+class JobOutcome:
+    """What one job gave: per item key, a result or an error, and what was released."""
+
+    state: str
+    results: dict[str, Any] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
+    released: list[str] = field(default_factory=list)
+
+
+async def submit(store: JobStore, client: Any, job: Job) -> str:
+    """Take ``job`` from wherever it stopped to ``submitted``; its batch id."""
+    if job.provider_batch_id is not None:
+        return job.provider_batch_id
+    found = await _find(client, job.id)
+    if found is not None:
+        await anyio.to_thread.run_sync(store.mark_submitted, job.id, found)
+        return found
+    file_id = job.input_file_id or await _upload(store, client, job)
+    batch = await client.batches.create(
+        input_file_id=file_id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        metadata=dict(job.metadata),
+    )
+    await anyio.to_thread.run_sync(store.mark_submitted, job.id, batch.id)
+    return str(batch.id)
+
+
+async def _upload(store: JobStore, client: Any, job: Job) -> str:
+    lines = await anyio.to_thread.run_sync(store.job_lines, job.id)
+    data = jsonl(line.request for line in lines)
+    upload = await client.files.create(file=(f"{job.id}.jsonl", data), purpose="batch")
+    await anyio.to_thread.run_sync(store.mark_uploaded, job.id, upload.id)
+    return str(upload.id)
+
+
+async def _find(client: Any, job_id: str) -> str | None:
+    """A batch already created for ``job_id`` (its metadata names it), if any."""
+    # Page by page rather than ``async for``: leaving that loop early leaves the SDK's
+    # async generator unclosed.
+    page = await client.batches.list(limit=100)
+    while True:
+        for batch in page.data:
+            if (batch.metadata or {}).get(JOB_METADATA_KEY) == job_id:
+                return str(batch.id)
+        if not page.has_next_page():
+            return None
+        page = await page.get_next_page()
+
+
+async def wait(client: Any, batch_id: str, poll: Poll | None = None) -> Any:
+    """Poll the batch, with backoff, until it is final; the final batch object."""
+    delays = (poll or Poll()).delays()
+    while True:
+        batch = await client.batches.retrieve(batch_id)
+        if batch.status in TERMINAL:
+            return batch
+        await anyio.sleep(delays())
+
+
+async def collect(
+    store: JobStore, client: Any, job: Job, batch: Any, validate: Callable[[Any], Any]
+) -> JobOutcome:
+    """Read every line's result, split and validate it, record it in the store."""
+    outcomes: dict[str, LineOutcome] = {}
+    for file_id in (batch.output_file_id, batch.error_file_id):
+        if file_id:
+            text = (await client.files.content(file_id)).text
+            for raw in text.splitlines():
+                if raw.strip():
+                    outcome = read_openai_line(json.loads(raw))
+                    outcomes[outcome.custom_id] = outcome
+    lines = await anyio.to_thread.run_sync(store.job_lines, job.id)
+    result = JobOutcome(state=str(batch.status))
+    for line in lines:
+        await _settle_line(store, line, outcomes.get(line.custom_id), validate, result)
+    state = _final_state(str(batch.status), bool(result.results))
+    await anyio.to_thread.run_sync(lambda: store.finish_job(job.id, state))
+    result.state = state
+    return result
+
+
+def _final_state(status: str, answered: bool) -> JobState:
+    """The job's end: a "completed" batch in which no line was answered is a failure."""
+    if status == "completed":
+        return "completed" if answered else "failed"
+    return "expired" if status == "expired" else "cancelled" if status == "cancelled" else "failed"
+
+
+async def _settle_line(
+    store: JobStore,
+    line: StoredLine,
+    outcome: LineOutcome | None,
+    validate: Callable[[Any], Any],
+    into: JobOutcome,
+) -> None:
+    if outcome is None or outcome.status == "retry":
+        into.released += await anyio.to_thread.run_sync(store.expire_line, line.custom_id)
+        return
+    if outcome.status == "failed":
+        failures = dict.fromkeys(line.item_keys, outcome.error)
+        await anyio.to_thread.run_sync(store.record_line_result, line.custom_id, {}, failures)
+        into.failures.update(failures)
+        return
+    results, failures = _split(line.item_keys, outcome.text, validate)
+    await anyio.to_thread.run_sync(store.record_line_result, line.custom_id, results, failures)
+    into.results.update(results)
+    into.failures.update(failures)
+
+
+def _split(
+    keys: Sequence[str], text: str, validate: Callable[[Any], Any]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Per item key, the validated output (as JSON) or why there is none."""
+    ids = make_ids(len(keys))
+    split: Split[Any] = split_reply(text, ids, validate)
+    by_id: Mapping[str, str] = dict(zip(ids, keys, strict=True))
+    results = {by_id[i]: _jsonable(value) for i, value in split.values.items()}
+    failures = {by_id[i]: str(failure) for i, failure in split.failures.items()}
+    return results, failures
+
+
+def _jsonable(value: Any) -> Any:
+    dump = getattr(value, "model_dump", None)
+    return dump(mode="json") if callable(dump) else value
+
+
+async def resume(
+    store: JobStore, client: Any, validate: Callable[[Any], Any], poll: Poll | None = None
+) -> dict[str, JobOutcome]:
+    """Finish every unfinished OpenAI job in the store: submit what was not submitted,
+    attach to what was, collect the results. Per local job id, its outcome."""
+    jobs = await anyio.to_thread.run_sync(store.unfinished_jobs)
+    outcomes: dict[str, JobOutcome] = {}
+    for job in jobs:
+        if job.provider != "openai":
+            continue
+        batch_id = await submit(store, client, job)
+        batch = await wait(client, batch_id, poll)
+        outcomes[job.id] = await collect(store, client, job, batch, validate)
+    return outcomes
