@@ -29,6 +29,11 @@ def _parser() -> argparse.ArgumentParser:
         help="serve the simulated LLM provider over HTTP (see docs/testing.md)",
         add_help=False,
     )
+    commands.add_parser(
+        "jobs",
+        help="list and show the deferred lanes' batch jobs, and write their results",
+        add_help=False,
+    )
     return parser
 
 
@@ -39,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     never with a traceback.
     """
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] in ("demo", "simulate"):
+    if args and args[0] in ("demo", "jobs", "simulate"):
         try:
             return _command(args[0], args[1:])
         except ConfigurationError as exc:  # a value argparse let through (inf, nan...)
@@ -56,6 +61,10 @@ def _command(name: str, argv: list[str]) -> int:
         from ._demo import main as demo
 
         return demo(argv)
+    if name == "jobs":
+        from ._lanes.jobs_cli import main as jobs
+
+        return jobs(argv)
     from .testing._cli import main as simulate
 
     return simulate(argv)

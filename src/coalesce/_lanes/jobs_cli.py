@@ -1,0 +1,280 @@
+"""``coalesce jobs``: read the job store from the command line (``list``, ``show``, ``results``).
+
+Every command here only reads: a store path that does not exist, or a file that is not
+a coalesce job store, is a one-line error (exit code 2), never a new empty store.
+Deciding and formatting are pure functions of records; :func:`main` does the I/O.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import sys
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import closing
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from coalesce._exceptions import ConfigurationError
+from coalesce._lanes.paths import default_store_path
+from coalesce._lanes.records import Job, JobSummary, StoredItem
+from coalesce._lanes.store import JobStore
+
+__all__ = ["build_parser", "describe_job", "job_table", "main", "resolve_job", "result_record"]
+
+MIN_PREFIX = 6
+"""The shortest local-id prefix ``show`` and ``results`` accept."""
+
+SHORT_ID = 12
+"""How many characters of the local id ``list`` shows."""
+
+_ID_HELP = f"local job id, a unique prefix of it (>= {MIN_PREFIX} characters), or provider batch id"
+
+
+class JobsError(Exception):
+    """A one-line error of ``coalesce jobs``, printed to stderr with exit code 2."""
+
+
+# --- arguments ---------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser of ``coalesce jobs``."""
+    store = argparse.ArgumentParser(add_help=False)
+    store.add_argument(
+        "--store",
+        type=Path,
+        help=f"the job store file (default: $COALESCE_STORE or {default_store_path()})",
+    )
+    parser = argparse.ArgumentParser(
+        prog="coalesce jobs", description="Read the deferred lanes' job store."
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands.add_parser(
+        "list",
+        parents=[store],
+        help="every job, newest first (OPEN: items the job has not answered)",
+    )
+    show = commands.add_parser("show", parents=[store], help="one job in full")
+    show.add_argument("id", metavar="ID", help=_ID_HELP)
+    results = commands.add_parser(
+        "results", parents=[store], help="write one JSON line per item the job carried"
+    )
+    results.add_argument("id", metavar="ID", help=_ID_HELP)
+    results.add_argument("--out", type=Path, required=True, help="the JSONL file to write")
+    results.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    return parser
+
+
+# --- pure decisions and formatting ---------------------------------------------------
+
+
+def resolve_job(jobs: Sequence[Job], wanted: str, store: Path) -> Job:
+    """The job ``wanted`` names: its local id, a unique prefix of it, or its batch id.
+
+    Raises:
+        JobsError: no job matches, or a prefix matches several.
+    """
+    exact = [job for job in jobs if wanted in (job.id, job.provider_batch_id)]
+    if exact:
+        return exact[0]
+    found = [job for job in jobs if len(wanted) >= MIN_PREFIX and job.id.startswith(wanted)]
+    if len(found) == 1:
+        return found[0]
+    hint = f"`coalesce jobs list --store {store}` lists them"
+    if found:
+        ids = ", ".join(job.id for job in found)
+        raise JobsError(f"job id prefix {wanted!r} matches {len(found)} jobs ({ids}); {hint}")
+    short = (
+        f" (a prefix needs at least {MIN_PREFIX} characters)" if len(wanted) < MIN_PREFIX else ""
+    )
+    raise JobsError(f"no job {wanted!r} in the job store {store}{short}; {hint}")
+
+
+def utc(timestamp: float) -> str:
+    """Wall-clock seconds as UTC ISO 8601, to the second (``2025-01-31T12:00:00Z``)."""
+    return datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _open_items(items: Mapping[str, int]) -> int:
+    return items.get("assigned", 0) + items.get("released", 0)
+
+
+_COLUMNS = ("ID", "PROVIDER", "MODEL", "LANE", "STATE", "BATCH", "DONE", "FAILED", "OPEN")
+_NUMERIC = frozenset({"DONE", "FAILED", "OPEN", "COST"})
+
+
+def job_table(summaries: Sequence[JobSummary]) -> list[str]:
+    """``coalesce jobs list``'s lines: a header and one aligned row per job, in order."""
+    header = (*_COLUMNS, "COST", "CREATED")
+    rows = [header, *(_row(summary) for summary in summaries)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return [
+        "  ".join(
+            cell.rjust(width) if name in _NUMERIC else cell.ljust(width)
+            for name, cell, width in zip(header, row, widths, strict=True)
+        ).rstrip()
+        for row in rows
+    ]
+
+
+def _row(summary: JobSummary) -> tuple[str, ...]:
+    job, items = summary.job, summary.items
+    return (
+        job.id[:SHORT_ID],
+        job.provider,
+        job.model,
+        job.lane,
+        job.state,
+        job.provider_batch_id or "-",
+        str(items.get("done", 0)),
+        str(items.get("failed", 0)),
+        str(_open_items(items)),
+        f"${summary.cost_usd:.4f}",
+        utc(job.created_at),
+    )
+
+
+def describe_job(summary: JobSummary) -> list[str]:
+    """``coalesce jobs show``'s lines: the job's fields, counts, metadata and cost."""
+    job = summary.job
+    fields = [
+        ("job", job.id),
+        ("provider", job.provider),
+        ("model", job.model),
+        ("lane", job.lane),
+        ("state", job.state),
+        ("batch", job.provider_batch_id or "- (not submitted)"),
+        ("input file", job.input_file_id or "- (not uploaded)"),
+        ("created", utc(job.created_at)),
+        ("updated", utc(job.updated_at)),
+        ("cost", f"${summary.cost_usd:.4f} so far"),
+        ("lines", _counts(summary.lines.items())),
+        ("items", _counts(summary.items.items())),
+    ]
+    if summary.items.get("released", 0):
+        fields.append(("", "released: let go unanswered, now pending or in a later job"))
+    metadata = [f"{key} = {value}" for key, value in sorted(job.metadata.items())]
+    fields += [("metadata" if i == 0 else "", entry) for i, entry in enumerate(metadata)]
+    width = max(len(name) for name, _ in fields)
+    return [f"{name.ljust(width)}  {value}".rstrip() for name, value in fields]
+
+
+def _counts(counts: Iterable[tuple[str, int]]) -> str:
+    """``3 in all: 2 done, 1 failed``, from ``(state, count)`` pairs, naming only the
+    states that have any."""
+    pairs = list(counts)
+    parts = [f"{n} {state}" for state, n in pairs if n]
+    total = sum(n for _, n in pairs)
+    return f"{total} in all" + (f": {', '.join(parts)}" if parts else "")
+
+
+def result_record(item: StoredItem, job_lines: frozenset[str]) -> dict[str, Any]:
+    """One line of ``coalesce jobs results``: an item as the job it came from sees it.
+
+    An item whose line is not one of ``job_lines`` was let go by this job (its batch
+    expired, or its line did not answer it): its state is ``released``, as in
+    :class:`~coalesce._lanes.records.JobSummary`, and the job that answers it has its result.
+    """
+    record: dict[str, Any] = {
+        "key": item.key,
+        "function": item.function,
+        "model": item.model,
+        "input": item.input,
+    }
+    if item.line not in job_lines:
+        where = f" in line {item.line}" if item.line else ""
+        note = f"released by this job; the item is now {item.state}{where}"
+        return {**record, "state": "released", "error": note}
+    if item.state == "done":
+        return {**record, "state": "done", "result": item.result}
+    return {**record, "state": item.state, "error": item.error}
+
+
+# --- I/O -----------------------------------------------------------------------------
+
+
+def open_existing(path: Path) -> JobStore:
+    """Open a job store that exists, never creating one.
+
+    Raises:
+        JobsError: no file at ``path``, or it is not a coalesce job store.
+    """
+    if not path.is_file():
+        raise JobsError(
+            f"no job store at {path} (no deferred job has run with it); give --store the"
+            f" store file, or set $COALESCE_STORE"
+        )
+    try:
+        with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
+            version = int(db.execute("PRAGMA user_version").fetchone()[0])
+    except sqlite3.Error as exc:
+        raise JobsError(f"{path} is not a coalesce job store ({exc}); check --store") from exc
+    if version == 0:
+        raise JobsError(f"{path} is not a coalesce job store (it has no schema); check --store")
+    return JobStore(path)
+
+
+def _list(store: JobStore) -> list[str]:
+    jobs = store.list_jobs()[::-1]
+    if not jobs:
+        return [f"no jobs in the job store {store.path}"]
+    return job_table([store.job_summary(job.id) for job in jobs])
+
+
+def _show(store: JobStore, wanted: str) -> list[str]:
+    job = resolve_job(store.list_jobs(), wanted, store.path)
+    return describe_job(store.job_summary(job.id))
+
+
+def _carried(store: JobStore, job: Job) -> tuple[frozenset[str], list[StoredItem]]:
+    """The custom_ids of a job's lines, and the items they carried, in line order."""
+    lines = store.job_lines(job.id)
+    keys = dict.fromkeys(key for line in lines for key in line.item_keys)
+    items = [item for item in map(store.get, keys) if item is not None]
+    return frozenset(line.custom_id for line in lines), items
+
+
+def _results(store: JobStore, wanted: str, out: Path, *, force: bool) -> list[str]:
+    job = resolve_job(store.list_jobs(), wanted, store.path)
+    custom_ids, items = _carried(store, job)
+    records = [result_record(item, custom_ids) for item in items]
+    _write_jsonl(out, records, force=force)
+    states = _counts(Counter(record["state"] for record in records).items())
+    return [f"wrote {len(records)} items of job {job.id} to {out} ({states})"]
+
+
+def _write_jsonl(out: Path, records: Sequence[Mapping[str, Any]], *, force: bool) -> None:
+    try:
+        with out.open("w" if force else "x", encoding="utf-8") as file:
+            for record in records:
+                file.write(json.dumps(record, ensure_ascii=False) + "\n")
+    except FileExistsError:
+        raise JobsError(f"{out} already exists; pass --force to overwrite it") from None
+    except OSError as exc:
+        raise JobsError(f"cannot write {out} ({exc.strerror or exc}); check --out") from exc
+
+
+def _run(args: argparse.Namespace) -> list[str]:
+    with open_existing(args.store or default_store_path()) as store:
+        if args.command == "list":
+            return _list(store)
+        if args.command == "show":
+            return _show(store, args.id)
+        return _results(store, args.id, args.out, force=args.force)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``coalesce jobs``; returns the exit code (2, with a one-line error, on a bad ID,
+    a missing store or an unwritable ``--out``)."""
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        lines = _run(args)
+    except (JobsError, ConfigurationError) as exc:
+        print(f"coalesce jobs {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 0
