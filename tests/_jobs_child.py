@@ -19,8 +19,9 @@ import openai
 from pydantic import TypeAdapter
 
 from coalesce._lanes.lines import jsonl, openai_line
-from coalesce._lanes.openai_jobs import Poll, resume
+from coalesce._lanes.openai_jobs import resume
 from coalesce._lanes.records import ItemRow, PlannedLine
+from coalesce._lanes.results import Poll
 from coalesce._lanes.store import JobStore
 from coalesce._wire.packing import pack_request
 from coalesce.providers import CompletionRequest, OpenAIProvider

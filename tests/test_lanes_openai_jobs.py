@@ -16,8 +16,9 @@ import pytest
 from pydantic import TypeAdapter
 
 from coalesce._lanes.lines import jsonl, openai_line
-from coalesce._lanes.openai_jobs import Poll, collect, resume, submit, wait
+from coalesce._lanes.openai_jobs import collect, resume, submit, wait
 from coalesce._lanes.records import ItemRow, Job, PlannedLine
+from coalesce._lanes.results import Poll
 from coalesce._lanes.store import JobStore
 from coalesce._wire.packing import pack_request
 from coalesce.providers import CompletionRequest, OpenAIProvider

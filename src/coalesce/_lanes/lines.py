@@ -33,6 +33,7 @@ __all__ = [
     "BatchLimits",
     "LineOutcome",
     "anthropic_request",
+    "as_json",
     "chunk",
     "encoded_size",
     "jsonl",
@@ -91,6 +92,12 @@ def _mapping(value: object) -> dict[str, Any]:
 def encoded_size(line: Mapping[str, Any]) -> int:
     """Bytes of ``line`` as one JSONL line (UTF-8, with its newline)."""
     return len(_encode(line))
+
+
+def as_json(line: Mapping[str, Any]) -> dict[str, Any]:
+    """A plain (mutable, JSON-typed) copy of ``line``, such as the SDKs accept."""
+    copy: dict[str, Any] = json.loads(_encode(line))
+    return copy
 
 
 def jsonl(lines: Iterable[Mapping[str, Any]]) -> bytes:

@@ -20,53 +20,20 @@ items for a follow-up job.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import anyio
 
-from .._wire.outcomes import Split
-from .._wire.packing import make_ids, split_reply
 from .lines import LineOutcome, jsonl, read_openai_line
-from .records import JOB_METADATA_KEY, Job, JobState, StoredLine
+from .records import JOB_METADATA_KEY, Job
+from .results import JobOutcome, Poll, final_state, settle_line
 from .store import JobStore
 
-__all__ = ["JobOutcome", "Poll", "collect", "resume", "submit", "wait"]
+__all__ = ["collect", "resume", "submit", "wait"]
 
 #: Batch states after which nothing more will happen.
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
-
-
-@dataclass(frozen=True)
-class Poll:
-    """How often to ask about a batch: from ``first`` seconds, times ``factor`` after
-    each answer that is not final, up to ``longest``."""
-
-    first: float = 10.0
-    factor: float = 1.5
-    longest: float = 600.0
-
-    def delays(self) -> Callable[[], float]:
-        """A fresh sequence of delays."""
-        state = [self.first]
-
-        def next_delay() -> float:
-            delay = state[0]
-            state[0] = min(self.longest, delay * self.factor)
-            return delay
-
-        return next_delay
-
-
-@dataclass
-class JobOutcome:
-    """What one job gave: per item key, a result or an error, and what was released."""
-
-    state: str
-    results: dict[str, Any] = field(default_factory=dict)
-    failures: dict[str, str] = field(default_factory=dict)
-    released: list[str] = field(default_factory=list)
 
 
 async def submit(store: JobStore, client: Any, job: Job) -> str:
@@ -135,56 +102,11 @@ async def collect(
     lines = await anyio.to_thread.run_sync(store.job_lines, job.id)
     result = JobOutcome(state=str(batch.status))
     for line in lines:
-        await _settle_line(store, line, outcomes.get(line.custom_id), validate, result)
-    state = _final_state(str(batch.status), bool(result.results))
+        await settle_line(store, line, outcomes.get(line.custom_id), validate, result)
+    state = final_state(str(batch.status), bool(result.results))
     await anyio.to_thread.run_sync(lambda: store.finish_job(job.id, state))
     result.state = state
     return result
-
-
-def _final_state(status: str, answered: bool) -> JobState:
-    """The job's end: a "completed" batch in which no line was answered is a failure."""
-    if status == "completed":
-        return "completed" if answered else "failed"
-    return "expired" if status == "expired" else "cancelled" if status == "cancelled" else "failed"
-
-
-async def _settle_line(
-    store: JobStore,
-    line: StoredLine,
-    outcome: LineOutcome | None,
-    validate: Callable[[Any], Any],
-    into: JobOutcome,
-) -> None:
-    if outcome is None or outcome.status == "retry":
-        into.released += await anyio.to_thread.run_sync(store.expire_line, line.custom_id)
-        return
-    if outcome.status == "failed":
-        failures = dict.fromkeys(line.item_keys, outcome.error)
-        await anyio.to_thread.run_sync(store.record_line_result, line.custom_id, {}, failures)
-        into.failures.update(failures)
-        return
-    results, failures = _split(line.item_keys, outcome.text, validate)
-    await anyio.to_thread.run_sync(store.record_line_result, line.custom_id, results, failures)
-    into.results.update(results)
-    into.failures.update(failures)
-
-
-def _split(
-    keys: Sequence[str], text: str, validate: Callable[[Any], Any]
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """Per item key, the validated output (as JSON) or why there is none."""
-    ids = make_ids(len(keys))
-    split: Split[Any] = split_reply(text, ids, validate)
-    by_id: Mapping[str, str] = dict(zip(ids, keys, strict=True))
-    results = {by_id[i]: _jsonable(value) for i, value in split.values.items()}
-    failures = {by_id[i]: str(failure) for i, failure in split.failures.items()}
-    return results, failures
-
-
-def _jsonable(value: Any) -> Any:
-    dump = getattr(value, "model_dump", None)
-    return dump(mode="json") if callable(dump) else value
 
 
 async def resume(

@@ -1,0 +1,124 @@
+"""Anthropic message batches, durable: submit once, attach after a crash, keep results.
+
+As for OpenAI (:mod:`coalesce._lanes.openai_jobs`), the job, its lines and items are
+in the store before anything leaves the process, and the batch id is recorded as soon
+as the create returns. Anthropic's batches carry no metadata, so a batch created just
+before a crash (before its id was recorded) is found again by its requests instead:
+among the batches the store does not already claim, one with as many requests as the
+job has lines, whose results (once it has ended) carry exactly the job's custom_ids.
+The search waits for such candidates to end before deciding, so a restarted process
+may wait, but never submits a job twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from .lines import LineOutcome, as_json, read_anthropic_result
+from .records import Job
+from .results import JobOutcome, Poll, final_state, settle_line
+from .store import JobStore
+
+__all__ = ["collect", "resume", "submit", "wait"]
+
+
+async def submit(store: JobStore, client: Any, job: Job, poll: Poll | None = None) -> str:
+    """Take ``job`` to ``submitted``; its batch id."""
+    if job.provider_batch_id is not None:
+        return job.provider_batch_id
+    lines = await anyio.to_thread.run_sync(store.job_lines, job.id)
+    ours = {line.custom_id for line in lines}
+    found = await _find(store, client, ours, poll)
+    if found is None:
+        requests = [as_json(line.request) for line in lines]
+        found = str((await client.messages.batches.create(requests=requests)).id)
+    await anyio.to_thread.run_sync(store.mark_submitted, job.id, found)
+    return found
+
+
+async def _find(
+    store: JobStore, client: Any, custom_ids: set[str], poll: Poll | None
+) -> str | None:
+    """An unclaimed batch whose results carry exactly ``custom_ids``, if any."""
+    for batch in await _batches(client):
+        total = _total(batch)
+        claimed = await anyio.to_thread.run_sync(store.job_for_batch, batch.id)
+        if claimed is not None or total != len(custom_ids):
+            continue
+        ended = await wait(client, batch.id, poll)
+        if {outcome.custom_id for outcome in await _results(client, ended.id)} == custom_ids:
+            return str(batch.id)
+    return None
+
+
+async def _batches(client: Any) -> list[Any]:
+    # Page by page: leaving an ``async for`` early leaves the SDK's generator unclosed.
+    page = await client.messages.batches.list(limit=100)
+    batches = list(page.data)
+    while page.has_next_page():
+        page = await page.get_next_page()
+        batches.extend(page.data)
+    return batches
+
+
+def _total(batch: Any) -> int:
+    counts = batch.request_counts
+    return int(
+        counts.processing + counts.succeeded + counts.errored + counts.canceled + counts.expired
+    )
+
+
+async def wait(client: Any, batch_id: str, poll: Poll | None = None) -> Any:
+    """Poll the batch, with backoff, until it has ended; the ended batch."""
+    delays = (poll or Poll()).delays()
+    while True:
+        batch = await client.messages.batches.retrieve(batch_id)
+        if batch.processing_status == "ended":
+            return batch
+        await anyio.sleep(delays())
+
+
+async def _results(client: Any, batch_id: str) -> list[LineOutcome]:
+    entries = await client.messages.batches.results(batch_id)
+    return [read_anthropic_result(entry.model_dump()) async for entry in entries]
+
+
+def _status(batch: Any) -> str:
+    """The ended batch in OpenAI's words: expired or cancelled when some requests were."""
+    counts = batch.request_counts
+    if counts.expired:
+        return "expired"
+    return "cancelled" if counts.canceled else "completed"
+
+
+async def collect(
+    store: JobStore, client: Any, job: Job, batch: Any, validate: Callable[[Any], Any]
+) -> JobOutcome:
+    """Read every request's result, split and validate it, record it in the store."""
+    outcomes = {outcome.custom_id: outcome for outcome in await _results(client, batch.id)}
+    lines = await anyio.to_thread.run_sync(store.job_lines, job.id)
+    result = JobOutcome(state=_status(batch))
+    for line in lines:
+        await settle_line(store, line, outcomes.get(line.custom_id), validate, result)
+    state = final_state(result.state, bool(result.results))
+    await anyio.to_thread.run_sync(lambda: store.finish_job(job.id, state))
+    result.state = state
+    return result
+
+
+async def resume(
+    store: JobStore, client: Any, validate: Callable[[Any], Any], poll: Poll | None = None
+) -> dict[str, JobOutcome]:
+    """Finish every unfinished Anthropic job in the store. Per local job id, its outcome."""
+    jobs = await anyio.to_thread.run_sync(store.unfinished_jobs)
+    outcomes: dict[str, JobOutcome] = {}
+    for job in jobs:
+        if job.provider != "anthropic":
+            continue
+        batch_id = await submit(store, client, job, poll)
+        batch = await wait(client, batch_id, poll)
+        outcomes[job.id] = await collect(store, client, job, batch, validate)
+    return outcomes
