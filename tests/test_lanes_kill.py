@@ -26,8 +26,8 @@ CHILD = Path(__file__).with_name("_jobs_child.py")
 N, PER_LINE = 40, 8
 
 
-def start(store: Path, url: str, *extra: str) -> subprocess.Popen[str]:
-    command = [sys.executable, str(CHILD), str(store), url, str(N), str(PER_LINE), *extra]
+def start(store: Path, url: str, kind: str, *extra: str) -> subprocess.Popen[str]:
+    command = [sys.executable, str(CHILD), str(store), url, str(N), str(PER_LINE), kind, *extra]
     return subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
 
 
@@ -50,8 +50,8 @@ def wait_for(predicate: object, what: str, seconds: float = 60.0) -> None:
         time.sleep(0.02)
 
 
-def finish(store: Path, url: str) -> dict[str, int]:
-    with start(store, url) as again:
+def finish(store: Path, url: str, kind: str) -> dict[str, int]:
+    with start(store, url, kind) as again:
         out, _ = again.communicate(timeout=120)
     assert again.returncode == 0, out
     return dict(json.loads(out.strip().splitlines()[-1]))
@@ -63,15 +63,16 @@ def submissions(url: str) -> list[dict[str, object]]:
 
 
 @pytest.mark.slow
-def test_kill_while_polling_then_restart(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["openai", "anthropic"])
+def test_kill_while_polling_then_restart(tmp_path: Path, kind: str) -> None:
     store = tmp_path / "jobs.sqlite3"
     with simulated_provider(time_scale=0.001) as url:
-        with start(store, url) as first:
+        with start(store, url, kind) as first:
             wait_for(lambda: job_state(store) == "submitted", "the job to be submitted")
             os.kill(first.pid, signal.SIGKILL)
         assert first.returncode == -signal.SIGKILL
         assert job_state(store) == "submitted"
-        summary = finish(store, url)
+        summary = finish(store, url, kind)
         assert summary == {"results": N, "failures": 0}
         assert len(submissions(url)) == 1
 
@@ -80,13 +81,31 @@ def test_kill_while_polling_then_restart(tmp_path: Path) -> None:
 def test_kill_between_upload_and_create_then_restart(tmp_path: Path) -> None:
     store = tmp_path / "jobs.sqlite3"
     with simulated_provider(time_scale=0.001) as url:
-        with start(store, url, "stop-after-upload") as first:
+        with start(store, url, "openai", "stop-after-upload") as first:
             assert first.stdout is not None
-            assert first.stdout.readline().strip() == "uploaded"
+            assert first.stdout.readline().strip() == "stop-after-upload"
             os.kill(first.pid, signal.SIGKILL)
         assert first.returncode == -signal.SIGKILL
         assert job_state(store) == "uploaded"
         assert submissions(url) == []
-        summary = finish(store, url)
+        summary = finish(store, url, "openai")
+        assert summary == {"results": N, "failures": 0}
+        assert len(submissions(url)) == 1
+
+
+@pytest.mark.slow
+def test_kill_between_create_and_record_then_restart_anthropic(tmp_path: Path) -> None:
+    # Anthropic's batches carry no metadata: the restarted client finds its batch by
+    # the custom_ids of its requests, and does not create another.
+    store = tmp_path / "jobs.sqlite3"
+    with simulated_provider(time_scale=0.001) as url:
+        with start(store, url, "anthropic", "stop-after-create") as first:
+            assert first.stdout is not None
+            assert first.stdout.readline().strip() == "stop-after-create"
+            os.kill(first.pid, signal.SIGKILL)
+        assert first.returncode == -signal.SIGKILL
+        assert job_state(store) == "planned"
+        assert len(submissions(url)) == 1
+        summary = finish(store, url, "anthropic")
         assert summary == {"results": N, "failures": 0}
         assert len(submissions(url)) == 1
