@@ -136,7 +136,15 @@ def via_prompt(client: Any, options: Mapping[str, Any]) -> Caller:
     async def ask(item: Any) -> Any:
         return (await verdict(item)).model_dump()
 
-    return Caller(ask, verdict.aclose)
+    async def close() -> None:
+        # prompt's aclose() leaves the client to its owner (wrap's closes it). Left to the
+        # garbage collector, an SDK client closes its sockets in __del__ and schedules an
+        # aclose() whose aborts unregister the fds a later row's connections reuse: those
+        # requests never see their reply and wait out the 60 s timeout.
+        await verdict.aclose()
+        await client.close()
+
+    return Caller(ask, close)
 
 
 def chat_kwargs(item: Any, model: str) -> dict[str, Any]:
