@@ -30,6 +30,9 @@ from ._admission import ContextPolicy, admission_for, encode_item
 from ._batcher import Batcher, Resolve
 from ._exceptions import CoalesceWarning, InvalidInputError
 from ._group import Group, run_group
+from ._lanes.choose import Lane, LaneTimes, check_lane, choose_lane
+from ._lanes.lane import BatchLane
+from ._lanes.store import JobStore
 from ._listeners import StatisticsListener, request_predictor
 from ._log import option_changes
 from ._planning.cost import PackingCost
@@ -116,6 +119,10 @@ class Engine:
             listeners.append(self.planning)
         observer = Observers(*listeners, *observers)
         self.cost = self._packing_cost()
+        self.lanes = offered_lanes(spec)
+        check_lane(options.lane, self.lanes)
+        self.lane_times = LaneTimes(collect=options.batch_window)
+        self._batch_lane: BatchLane | None = None
         self._group = Group(
             spec, options, observer, self.planning, self.trust, self.cost, cache_key(spec)
         )
@@ -210,8 +217,30 @@ class Engine:
     async def submit(
         self, item: Any, *, budget: float | None = None, partition: Hashable = None
     ) -> Any:
-        """One call: ``item``'s own validated output (see :meth:`new_job` for the budget)."""
+        """One call: ``item``'s own validated output (see :meth:`new_job` for the budget).
+
+        A call whose budget allows it goes to the batch lane (``lane=``, see
+        :mod:`coalesce._lanes.choose`)."""
+        if self.options.lane != "realtime":
+            given = budget if budget is not None else budget_override.get()
+            chosen = given if given is not None else self.options.latency_budget
+            if choose_lane(self.options.lane, chosen, self.lanes, self.lane_times) is Lane.BATCH:
+                return await self.batch_lane().submit(item)
         return await self.answer(self.new_job(item, budget=budget, partition=partition))
+
+    def batch_lane(self) -> BatchLane:
+        """The function's batch lane, opened (and its store) on first use."""
+        if self._batch_lane is None:
+            given = self.options.store
+            store = given if isinstance(given, JobStore) else JobStore(given)
+            self._batch_lane = BatchLane(
+                self.spec,
+                store,
+                window=self.options.batch_window,
+                per_line=self.options.max_items,
+                max_attempts=self.options.max_attempts,
+            )
+        return self._batch_lane
 
     def statistics(self) -> PromptStatistics:
         """The recorder's snapshot (see :class:`~coalesce.PromptStatistics`)."""
@@ -224,6 +253,8 @@ class Engine:
     async def aclose(self) -> None:
         """Send every pending call now, wait for all of them, refuse new calls."""
         await self.batcher.aclose()
+        if self._batch_lane is not None:
+            await self._batch_lane.aclose()
 
     async def _run(self, jobs: list[Job], resolve: Resolve) -> None:
         started = anyio.current_time()
@@ -256,6 +287,13 @@ class Engine:
             f"{option_changes(self.options)}: {self.recorder.summary(waiting)},"
             f" groups up to {limit}, answers {'stream early' if early else 'held'}>"
         )
+
+
+def offered_lanes(spec: FunctionSpec) -> frozenset[Lane]:
+    """Real time always; the batch lane where the provider has a batch API."""
+    if getattr(spec.provider, "batch_api", None) in ("openai", "anthropic"):
+        return frozenset({Lane.REALTIME, Lane.BATCH})
+    return frozenset({Lane.REALTIME})
 
 
 def declared_cache(spec: FunctionSpec) -> PromptCache | None:

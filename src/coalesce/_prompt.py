@@ -175,35 +175,35 @@ def prompt(
     context_window: int | None = None,
     schema_enforced: bool | None = None,
     packing: Literal["auto", "always"] = "auto",
+    lane: Literal["auto", "realtime", "flex", "batch"] = "auto",
+    store: Any = None,
+    batch_window: float = 60.0,
     **request_options: Any,
 ) -> Callable[[Callable[P, Awaitable[Out]]], PromptFunction[P, Out]]:
     """Turn ``async def f(<item params>) -> Out`` into an LLM call that coalesces.
 
     Docstring = instructions, arguments = item, return annotation = output type.
-
     Args:
         client: An ``AsyncOpenAI``, an ``AsyncAnthropic``, a Provider or an async callable.
         model: The model name.
         instructions: The shared instructions (default: the docstring).
-        max_wait: Longest a call waits for company, in seconds (default 0.05).
-        max_items: Most items per request (default 8).
+        max_wait, max_items: Longest wait for company (0.05 s); items per request (8).
         max_concurrency: Most requests in flight at once (default: no limit).
         latency_budget: Seconds a caller may wait end to end (default: no budget).
         partition: ``partition(*args, **kwargs) -> key`` (``self`` first on a method).
-        max_attempts: Requests that may carry one item, re-asks included (default 4).
-        max_retries: Retries of a request that failed as a whole (default 4).
+        max_attempts, max_retries: Requests per item, retries per request (default 4, 4).
         max_output_tokens: Cap on each reply's tokens (default: the provider's).
         stream: Answer each caller as soon as its own output is streamed (default True).
         dedupe: Identical items in one group share one slot in the prompt.
-        expected_output_tokens: Output tokens per item the planner assumes at first.
-        latency_prior: The provider's speed the planner assumes at first (LatencyPrior).
+        expected_output_tokens, latency_prior: What the planner assumes at first.
         token_estimator: Counts input tokens (``count(text) -> int``; default: tiktoken).
         prices: A Price for ``model``, or a table consulted before the defaults.
         on_event: Called with each call, request, dispatch and retry event.
         timeout: Longest one request attempt may run, in s (default: budget, or 60).
-        context_window: The model's context window (default: known models', learned).
-        schema_enforced: Whether the provider enforces the reply schema (default: its say).
+        context_window, schema_enforced: The model's window; whether replies follow the schema.
         packing: ``"auto"``: pack only where it costs less than plain calls; ``"always"``.
+        lane: ``"auto"`` (a budget of a day or more: the batch API), ``"realtime"``, ``"batch"``.
+        store: The batch lane's job store path; batch_window: its window (60 s).
         **request_options: Passed to the provider (``temperature=0``...); not misspellings.
 
     Raises:

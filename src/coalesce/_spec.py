@@ -98,6 +98,11 @@ class Options:
             members as plain calls (see :mod:`coalesce._planning.cost`); when no group
             can, calls go at once, plain. ``"always"``: pack every group of two or more
             (when requests, not tokens, are what the provider limits).
+    lane: Where calls go (see :mod:`coalesce._lanes.choose`): ``"realtime"``,
+            ``"batch"`` (the provider's batch API), or ``"auto"`` (by each call's budget).
+        store: The batch lane's job store: a path, a ``JobStore`` or ``None`` (the
+            per-user default).
+        batch_window: Seconds a batch-lane call waits for others before their job goes.
     """
 
     max_wait: float = DEFAULT_MAX_WAIT
@@ -118,6 +123,9 @@ class Options:
     context_window: int | None = None
     schema_enforced: bool | None = None
     packing: str = "auto"
+    lane: str = "auto"
+    store: Any = None
+    batch_window: float = 60.0
 
     def __post_init__(self) -> None:
         check_seconds("max_wait", self.max_wait)
@@ -131,6 +139,7 @@ class Options:
         check_callable("on_event", self.on_event)
         check_seconds("timeout", self.timeout, positive=True, optional=True)
         check_int("context_window", self.context_window, optional=True)
+        check_seconds("batch_window", self.batch_window)
         _check_kinds(self)
 
     def replace(self, **changes: Any) -> Options:
@@ -143,6 +152,10 @@ def _check_kinds(options: Options) -> None:
         value = getattr(options, name)
         if not isinstance(value, bool):
             raise ConfigurationError(f"{name} must be True or False, got {value!r}")
+    if options.lane not in ("auto", "realtime", "flex", "batch"):
+        raise ConfigurationError(
+            f"lane must be 'auto', 'realtime', 'flex' or 'batch', got {options.lane!r}"
+        )
     if options.packing not in ("auto", "always"):
         raise ConfigurationError(f"packing must be 'auto' or 'always', got {options.packing!r}")
     if options.schema_enforced is not None and not isinstance(options.schema_enforced, bool):

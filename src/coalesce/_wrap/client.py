@@ -358,7 +358,9 @@ def _options(client: Any, given: Mapping[str, Any]) -> Options:
     retries = given["max_retries"]
     if retries is None:
         retries = int(getattr(client, "max_retries", 2))
-    return Options(**{name: given[name] for name in _OPTION_NAMES}, max_retries=retries)
+    return Options(
+        **{name: given[name] for name in _OPTION_NAMES}, max_retries=retries, lane="realtime"
+    )
 
 
 def wrap(

@@ -132,6 +132,14 @@ class AnthropicProvider:
                     return await _read_stream(stream, collector, headers)
         return _completion(parsed, collector, headers, request.reply_schema is not None)
 
+    #: Which batch API serves this provider's deferred lane.
+    batch_api = "anthropic"
+
+    @property
+    def client(self) -> Any:
+        """The SDK client requests go through (a copy of yours, with ``max_retries=0``)."""
+        return self._client
+
     def prompt_cache(self, model: str) -> PromptCache | None:
         """How ``model``'s prompt prefixes are cached, when requests mark them.
 

@@ -83,6 +83,14 @@ class OpenAIProvider:
             prompt_cache = PromptCache() if official or prompt_cache else False
         self._prompt_cache = prompt_cache if isinstance(prompt_cache, PromptCache) else None
 
+    #: Which batch API serves this provider's deferred lane.
+    batch_api = "openai"
+
+    @property
+    def client(self) -> Any:
+        """The SDK client requests go through (a copy of yours, with ``max_retries=0``)."""
+        return self._client
+
     def prompt_cache(self, model: str) -> PromptCache | None:
         """How the server caches prompt prefixes (the same for every model).
 
