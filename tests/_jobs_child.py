@@ -14,43 +14,18 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import anthropic
 import anyio
 import openai
-from pydantic import TypeAdapter
 
+from _batch_jobs import VALIDATE, plan, texts
 from coalesce._lanes import anthropic_jobs, openai_jobs
-from coalesce._lanes.lines import anthropic_request, as_json, jsonl, openai_line
-from coalesce._lanes.records import ItemRow, PlannedLine
+from coalesce._lanes.lines import as_json, jsonl
 from coalesce._lanes.results import Poll
 from coalesce._lanes.store import JobStore
-from coalesce._wire.packing import pack_request
-from coalesce.providers import AnthropicProvider, CompletionRequest, OpenAIProvider
-
-Label = Literal["positive", "negative"]
-SCHEMA = TypeAdapter(Label).json_schema()
-INSTRUCTIONS = "Label the review's sentiment."
-MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-sonnet-4-20250514"}
-
-
-def plan(store: JobStore, provider: Any, kind: str, n: int, per_line: int) -> str:
-    model = MODELS[kind]
-    rows = [ItemRow.for_call("label", model, INSTRUCTIONS, SCHEMA, f"review {i}") for i in range(n)]
-    store.add_items(rows)
-    planned = []
-    for start in range(0, n, per_line):
-        group = rows[start : start + per_line]
-        packed = pack_request(INSTRUCTIONS, [row.input for row in group], SCHEMA)
-        request = CompletionRequest(
-            model=model, system=packed.system, user=packed.user, reply_schema=packed.reply_schema
-        )
-        custom_id = store.new_custom_id()
-        line = openai_line if kind == "openai" else anthropic_request
-        body = line(custom_id, provider.arguments(request))
-        planned.append(PlannedLine(custom_id, body, [row.key for row in group]))
-    return store.plan_job(kind, model, "batch", planned).id  # type: ignore[arg-type]
+from coalesce.providers import AnthropicProvider, OpenAIProvider
 
 
 async def main(path: str, url: str, n: int, per_line: int, kind: str, stop: str) -> None:
@@ -62,12 +37,12 @@ async def main(path: str, url: str, n: int, per_line: int, kind: str, stop: str)
         provider = AnthropicProvider(client)
     with JobStore(Path(path)) as store:
         if not store.unfinished_jobs():
-            job_id = plan(store, provider, kind, n, per_line)
+            job_id = plan(store, provider, texts(n), per_line).id
             if stop:
                 await crash_point(store, client, job_id, stop)
         poll = Poll(first=0.05, factor=1.5, longest=0.5)
         runner = openai_jobs if kind == "openai" else anthropic_jobs
-        outcomes = await runner.resume(store, client, TypeAdapter(Label).validate_python, poll)
+        outcomes = await runner.resume(store, client, VALIDATE, poll)
     results = sum(len(o.results) for o in outcomes.values())
     failures = sum(len(o.failures) for o in outcomes.values())
     print(json.dumps({"results": results, "failures": failures}), flush=True)

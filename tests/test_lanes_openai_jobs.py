@@ -10,49 +10,18 @@ The same with a real ``kill -9`` of a process is for the benchmark-style script.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 import pytest
-from pydantic import TypeAdapter
 
-from coalesce._lanes.lines import jsonl, openai_line
+from _batch_jobs import POLL, TIMING, VALIDATE, plan, texts
+from coalesce._lanes.lines import jsonl
 from coalesce._lanes.openai_jobs import collect, resume, submit, wait
-from coalesce._lanes.records import ItemRow, Job, PlannedLine
 from coalesce._lanes.results import Poll
 from coalesce._lanes.store import JobStore
-from coalesce._wire.packing import pack_request
-from coalesce.providers import CompletionRequest, OpenAIProvider
-from coalesce.testing import BatchTiming, SimulatedProvider
+from coalesce.providers import OpenAIProvider
+from coalesce.testing import SimulatedProvider
 
 pytestmark = pytest.mark.anyio
-
-Label = Literal["positive", "negative"]
-SCHEMA = TypeAdapter(Label).json_schema()
-VALIDATE = TypeAdapter(Label).validate_python
-INSTRUCTIONS = "Label the review's sentiment."
-MODEL = "gpt-4o-mini"
-TIMING = BatchTiming(validating=10, per_request=1, finalizing=5, cancelling=2)
-POLL = Poll(first=5, factor=2, longest=60)
-
-
-def plan(store: JobStore, provider: OpenAIProvider, texts: list[str], per_line: int) -> Job:
-    rows = [ItemRow.for_call("label", MODEL, INSTRUCTIONS, SCHEMA, text) for text in texts]
-    store.add_items(rows)
-    planned = []
-    for start in range(0, len(rows), per_line):
-        group = rows[start : start + per_line]
-        packed = pack_request(INSTRUCTIONS, [row.input for row in group], SCHEMA)
-        request = CompletionRequest(
-            model=MODEL, system=packed.system, user=packed.user, reply_schema=packed.reply_schema
-        )
-        custom_id = store.new_custom_id()
-        body = openai_line(custom_id, provider.arguments(request))
-        planned.append(PlannedLine(custom_id, body, [row.key for row in group]))
-    return store.plan_job("openai", MODEL, "batch", planned)
-
-
-def texts(n: int) -> list[str]:
-    return [f"review {i}: {'loved it' if i % 2 else 'awful'}" for i in range(n)]
 
 
 def restarted(path: Path, old: JobStore) -> JobStore:

@@ -178,10 +178,7 @@ class Engine:
             InvalidInputError: The item is not strict JSON, or too large for the model's
                 context window (see :mod:`coalesce._admission`): only this call fails.
         """
-        if budget is None:
-            budget = budget_override.get()
-        if budget is None:
-            budget = self.options.latency_budget
+        budget = self.budget_of(budget)
         now = anyio.current_time()
         deadline = now + (budget if budget is not None else math.inf)
         try:
@@ -194,6 +191,13 @@ class Engine:
             self.recorder.call_finished(0.0, budget=budget, ok=False)  # refused at once
             raise
         return job
+
+    def budget_of(self, budget: float | None) -> float | None:
+        """A call's budget: its own, else the :func:`latency_budget` block's, else the
+        engine's ``latency_budget``."""
+        if budget is None:
+            budget = budget_override.get()
+        return self.options.latency_budget if budget is None else budget
 
     async def answer(self, job: Job) -> Any:
         """Submit ``job`` and await its own result, recording the call."""
@@ -222,9 +226,10 @@ class Engine:
         A call whose budget allows it goes to the batch lane (``lane=``, see
         :mod:`coalesce._lanes.choose`)."""
         if self.options.lane != "realtime":
-            given = budget if budget is not None else budget_override.get()
-            chosen = given if given is not None else self.options.latency_budget
-            if choose_lane(self.options.lane, chosen, self.lanes, self.lane_times) is Lane.BATCH:
+            lane = choose_lane(
+                self.options.lane, self.budget_of(budget), self.lanes, self.lane_times
+            )
+            if lane is Lane.BATCH:
                 return await self.batch_lane().submit(item)
         return await self.answer(self.new_job(item, budget=budget, partition=partition))
 
