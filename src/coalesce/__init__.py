@@ -28,7 +28,7 @@ from ._exceptions import (
 from ._planning.latency import LatencyPrior
 from ._planning.tokens import CharacterEstimator, TiktokenEstimator, TokenEstimator
 from ._policy import DispatchPolicy, DispatchReason, Due
-from ._pricing import DEFAULT_PRICES, Price, PromptCache, price_for
+from ._pricing import DEFAULT_PRICES, LANE_PRICE, Price, PromptCache, price_for
 from ._prompt import PromptFunction, prompt
 from ._prompt_stats import (
     CallEvent,
@@ -51,6 +51,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
 
 __all__ = [
     "DEFAULT_PRICES",
+    "LANE_PRICE",
     "BatchError",
     "BatchMethod",
     "Batcher",

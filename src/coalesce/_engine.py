@@ -15,6 +15,7 @@ translate their callers' arguments into items and the results back.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -31,6 +32,7 @@ from ._batcher import Batcher, Resolve
 from ._exceptions import CoalesceWarning, InvalidInputError
 from ._group import Group, run_group
 from ._lanes.choose import Lane, LaneTimes, check_lane, choose_lane
+from ._lanes.flex import FLEX_TIMEOUT, FlexProvider, flex_refused, flex_unsupported
 from ._lanes.lane import BatchLane
 from ._lanes.store import JobStore
 from ._listeners import StatisticsListener, request_predictor
@@ -86,6 +88,8 @@ class Engine:
         options: How its calls coalesce.
         recorder: Where its statistics go (default: its own).
         observers: Further listeners of its requests.
+        lane: The lane its requests go through, for their price (``"realtime"``; the
+            flex lane is an engine of its own, sharing its function's recorder).
     """
 
     def __init__(
@@ -95,6 +99,7 @@ class Engine:
         *,
         recorder: PromptRecorder | None = None,
         observers: Sequence[GroupObserver] = (),
+        lane: str = "realtime",
     ) -> None:
         self.spec = spec
         self.options = options
@@ -111,7 +116,9 @@ class Engine:
             spec, options, self.footprint, estimator, DEFAULT_EXPECTED_OUTPUT_TOKENS
         )
         listeners: list[GroupObserver] = [
-            StatisticsListener(self.recorder, self.footprint, self._learn_cache, unpinned),
+            StatisticsListener(
+                self.recorder, self.footprint, self._learn_cache, unpinned, lane=lane
+            ),
             self.trust,
             self.admission.window,
         ]
@@ -123,6 +130,7 @@ class Engine:
         check_lane(options.lane, self.lanes)
         self.lane_times = LaneTimes(collect=options.batch_window)
         self._batch_lane: BatchLane | None = None
+        self._flex: Engine | None = None
         self._group = Group(
             spec, options, observer, self.planning, self.trust, self.cost, cache_key(spec)
         )
@@ -199,11 +207,14 @@ class Engine:
             budget = budget_override.get()
         return self.options.latency_budget if budget is None else budget
 
-    async def answer(self, job: Job) -> Any:
-        """Submit ``job`` and await its own result, recording the call."""
+    async def answer(self, job: Job, *, flex: Engine | None = None) -> Any:
+        """Submit ``job`` and await its own result, recording the call.
+
+        With ``flex`` (the function's flex lane), ``job`` is that engine's and goes
+        there first (see :meth:`_flex_first`)."""
         ok = False
         try:
-            result = await self.batcher(job)
+            result = await (self.batcher(job) if flex is None else self._flex_first(flex, job))
             ok = True
         finally:
             wait = None if job.dispatched_at is None else job.dispatched_at - job.arrival
@@ -215,8 +226,31 @@ class Engine:
                 ok=ok,
                 requests=job.requests,
                 attempts=job.attempts,
+                lane=job.lane,
             )
         return result
+
+    async def _flex_first(self, flex: Engine, job: Job) -> Any:
+        """``job`` through flex processing; if flex refuses it (no capacity, or no flex
+        for the model), through real time with what is left of its budget."""
+        job.lane = "flex"
+        try:
+            return await flex.batcher(job)
+        except Exception as exc:
+            if flex_unsupported(exc):
+                self.lanes = self.lanes - {Lane.FLEX}  # not asked again
+            left = job.deadline - anyio.current_time()
+            if not flex_refused(exc) or not self._in_time(job, left):
+                raise
+        self.recorder.fell_back()
+        budget = left if math.isfinite(left) else None
+        again = self.new_job(job.item, budget=budget, partition=job.partition)
+        job.lane = "realtime"
+        try:
+            return await self.batcher(again)
+        finally:
+            job.requests += again.requests
+            job.attempts += again.attempts
 
     async def submit(
         self, item: Any, *, budget: float | None = None, partition: Hashable = None
@@ -226,12 +260,44 @@ class Engine:
         A call whose budget allows it goes to the batch lane (``lane=``, see
         :mod:`coalesce._lanes.choose`)."""
         if self.options.lane != "realtime":
-            lane = choose_lane(
-                self.options.lane, self.budget_of(budget), self.lanes, self.lane_times
-            )
+            budget = self.budget_of(budget)
+            lane = choose_lane(self.options.lane, budget, self.lanes, self.lane_times)
             if lane is Lane.BATCH:
                 return await self.batch_lane().submit(item)
+            if lane is Lane.FLEX and Lane.FLEX in self.lanes:
+                flex = self.flex_lane()
+                job = flex.new_job(item, budget=budget, partition=partition)
+                return await self.answer(job, flex=flex)
         return await self.answer(self.new_job(item, budget=budget, partition=partition))
+
+    def _in_time(self, job: Job, left: float) -> bool:
+        """Whether real time may still answer ``job`` with ``left`` seconds (as the
+        planner predicts a request of it alone, when it plans)."""
+        if left <= 0 or self.planning is None or not math.isfinite(left):
+            return left > 0
+        now = anyio.current_time()
+        plan = self.planning.plan_item(job.item, job.partition, job.deadline, now)
+        return request_predictor(self.planning)([plan]) <= left
+
+    def flex_lane(self) -> Engine:
+        """The function's flex lane: an engine asking with ``service_tier="flex"``,
+        grouping for ``batch_window`` with no latency planning, sharing this engine's
+        recorder (its requests billed at the flex price)."""
+        if self._flex is None:
+            spec, options = self.spec, self.options
+            flex_spec = dataclasses.replace(
+                spec,
+                provider=FlexProvider(spec.provider),
+                request_options={**spec.request_options, "service_tier": "flex"},
+            )
+            flex_options = options.replace(
+                lane="realtime",
+                latency_budget=None,
+                max_wait=options.batch_window,
+                timeout=options.timeout or FLEX_TIMEOUT,
+            )
+            self._flex = Engine(flex_spec, flex_options, recorder=self.recorder, lane="flex")
+        return self._flex
 
     def batch_lane(self) -> BatchLane:
         """The function's batch lane, opened (and its store) on first use."""
@@ -258,6 +324,8 @@ class Engine:
     async def aclose(self) -> None:
         """Send every pending call now, wait for all of them, refuse new calls."""
         await self.batcher.aclose()
+        if self._flex is not None:
+            await self._flex.aclose()
         if self._batch_lane is not None:
             await self._batch_lane.aclose()
 
@@ -295,8 +363,12 @@ class Engine:
 
 
 def offered_lanes(spec: FunctionSpec) -> frozenset[Lane]:
-    """Real time always; the batch lane where the provider has a batch API."""
-    if getattr(spec.provider, "batch_api", None) in ("openai", "anthropic"):
+    """Real time always; the batch lane where the provider has a batch API; flex on
+    OpenAI's (a model without flex refuses it, and its calls then stay in real time)."""
+    api = getattr(spec.provider, "batch_api", None)
+    if api == "openai":
+        return frozenset(Lane)
+    if api == "anthropic":
         return frozenset({Lane.REALTIME, Lane.BATCH})
     return frozenset({Lane.REALTIME})
 

@@ -38,6 +38,7 @@ class StatisticsListener:
             no cache is assumed.
         unpinned: The footprint of requests whose reply schema does not name every id,
             if they are sent (see :func:`coalesce._group.pinned`).
+        lane: The lane the requests go through, for their price.
     """
 
     def __init__(
@@ -46,8 +47,10 @@ class StatisticsListener:
         footprint: Footprint,
         cache: Callable[[int], int] | None = None,
         unpinned: Footprint | None = None,
+        lane: str = "realtime",
     ) -> None:
         self.recorder = recorder
+        self.lane = lane
         self.footprint = footprint
         self.cache = cache
         self.unpinned = unpinned or footprint
@@ -89,6 +92,7 @@ class StatisticsListener:
             seconds=completion.seconds,
             reask=report.reask,
             label=label,
+            lane=self.lane,
         )
 
     def retrying(self, retry: Retry) -> None:

@@ -15,7 +15,7 @@ from types import MappingProxyType
 
 from ._exceptions import ConfigurationError
 
-__all__ = ["DEFAULT_PRICES", "Price", "PromptCache", "cost", "price_for"]
+__all__ = ["DEFAULT_PRICES", "LANE_PRICE", "Price", "PromptCache", "cost", "price_for"]
 
 _PER = 1_000_000
 
@@ -55,6 +55,27 @@ class Price:
                 raise ConfigurationError(
                     f"Price.{name} must be a finite number of dollars >= 0, got {value!r}"
                 )
+
+
+    def scaled(self, factor: float) -> Price:
+        """Every rate times ``factor`` (a lane's discount, see :data:`LANE_PRICE`)."""
+        if factor == 1.0:
+            return self
+
+        def times(rate: float | None) -> float | None:
+            return None if rate is None else rate * factor
+
+        return Price(
+            self.input_per_mtok * factor,
+            self.output_per_mtok * factor,
+            times(self.cached_input_per_mtok),
+            times(self.cache_write_per_mtok),
+        )
+
+
+#: What each lane costs as a fraction of the list price: OpenAI's flex processing is
+#: billed at batch prices, and both providers' batch APIs at half the list price.
+LANE_PRICE: Mapping[str, float] = MappingProxyType({"realtime": 1.0, "flex": 0.5, "batch": 0.5})
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from ._log import (
     UnmeetableEvent,
     logger,
 )
-from ._pricing import Price, cost, price_for
+from ._pricing import LANE_PRICE, Price, cost, price_for
 from ._quantile import WindowQuantile
 from .providers import Usage
 
@@ -135,6 +135,16 @@ class PromptStatistics(NamedTuple):
     #: calls (smaller groups are sent plain); ``None`` when no group can pay, and every
     #: call is sent plain, at once (see ``docs/budget.md``).
     smallest_paying_group: int | None = 2
+    #: Calls finished, by the lane that answered them (``"realtime"``, ``"flex"``,
+    #: ``"batch"``; see ``docs/lanes.md``).
+    calls_by_lane: Mapping[str, int] = MappingProxyType({})
+    #: Estimated dollars spent, by lane, each at its lane's price (flex and batch at
+    #: half the list price); ``estimated_cost`` is their sum, and the one-per-item
+    #: baseline is real-time plain calls at list price.
+    cost_by_lane: Mapping[str, float] = MappingProxyType({})
+    #: Calls sent to flex processing that it refused for lack of capacity (429
+    #: ``resource_unavailable``) and that real time answered instead.
+    flex_fallbacks: int = 0
 
 
 class PromptRecorder:
@@ -181,7 +191,9 @@ class PromptRecorder:
         self._input = self._cached = self._output = self._input_baseline = 0
         self._cost = self._cost_baseline = 0.0
         self._retries = self._reasks = self._hook_errors = 0
-        self._in_flight = self._contradictions = self._groups = 0
+        self._in_flight = self._contradictions = self._groups = self._fallbacks = 0
+        self._lane_calls: Counter[str] = Counter()
+        self._lane_cost: dict[str, float] = {}
         #: Set by the engine from its cost decision (see PromptStatistics).
         self.smallest_paying_group: int | None = 2
 
@@ -194,6 +206,7 @@ class PromptRecorder:
         ok: bool,
         requests: Sequence[str] = (),
         attempts: int = 0,
+        lane: str = "realtime",
     ) -> None:
         """Record one finished call.
 
@@ -204,8 +217,10 @@ class PromptRecorder:
             ok: Whether it got a result.
             requests: The ids of the requests that carried it, in order.
             attempts: How many requests carried it.
+            lane: The lane that answered it.
         """
         self._calls += 1
+        self._lane_calls[lane] += 1
         self._calls_failed += not ok
         self._latency.extend((latency,))
         if wait is not None:
@@ -283,30 +298,29 @@ class PromptRecorder:
         seconds: float | None = None,
         reask: bool = False,
         label: RequestLabel = UNLABELLED,
+        lane: str = "realtime",
     ) -> None:
         """Record the reply of one request (counted by :meth:`request_sent`).
 
         Args:
-            items: Items in its prompt.
-            usage: Tokens the provider reported, or ``None``.
+            items, usage: Items in its prompt; the tokens reported, or ``None``.
             shared_input_tokens: Prompt tokens sent once per request whatever its
                 items (the instructions and the packing format, an estimate).
             plain_shared_input_tokens: What a plain call of one item, without
                 coalesce, pays besides its item (instructions and output schema, an
                 estimate); one call per item pays it ``items`` times. ``None``: the
                 same as ``shared_input_tokens`` (the packed format's requests of one).
-            frame_tokens: Prompt tokens each item adds besides its own input (its
-                ``{"id": ..., "input": ...}`` wrapper, its entry in the reply schema),
-                which a plain call does not pay.
-            answer_frame_tokens: Reply tokens each answer adds besides its output (its
-                key), which a plain call does not pay.
+            frame_tokens, answer_frame_tokens: Prompt tokens each item adds besides
+                its own input (its wrapper, its entry in the reply schema), and reply
+                tokens each answer adds besides its output (its key): a plain call
+                pays neither.
             plain_cached_input_tokens: What each plain call would read from a warm
                 prompt cache (its shared part, where the provider caches a prefix that
                 long): the baseline is the best plain alternative, not the naive one.
-            ttft: Seconds to the first reply text, when streamed.
-            seconds: Seconds from sending to the end of the reply.
+            ttft, seconds: Seconds to the first reply text (streamed), to its end.
             reask: Whether it asked again for items an earlier reply failed.
             label: Which request it was (its id, group, attempt and prediction).
+            lane: Its lane, whose price (``LANE_PRICE``) it is billed at.
         """
         self._in_flight = max(0, self._in_flight - 1)
         if ttft is not None:
@@ -320,6 +334,7 @@ class PromptRecorder:
             (shared_input_tokens, plain, frame_tokens, answer_frame_tokens),
             plain_cached_input_tokens,
             reask,
+            lane,
         )
         if self._otel is not None:
             self._otel.request(items, usage, ttft, seconds, spent, baseline, reask)
@@ -414,7 +429,16 @@ class PromptRecorder:
             contradictions=self._contradictions,
             hook_errors=self._hook_errors,
             smallest_paying_group=self.smallest_paying_group,
+            calls_by_lane=MappingProxyType(dict(self._lane_calls)),
+            cost_by_lane=MappingProxyType(
+                {lane: spent if known else math.nan for lane, spent in self._lane_cost.items()}
+            ),
+            flex_fallbacks=self._fallbacks,
         )
+
+    def fell_back(self) -> None:
+        """Record a call that flex processing refused and real time answered."""
+        self._fallbacks += 1
 
     def _add_usage(
         self,
@@ -423,6 +447,7 @@ class PromptRecorder:
         shares: tuple[int, int, int, int],
         plain_cached: int,
         reask: bool,
+        lane: str = "realtime",
     ) -> tuple[float, float, int]:
         """Add one reply's tokens and costs; return its cost, its one-per-item cost and
         its one-per-item prompt tokens.
@@ -450,7 +475,7 @@ class PromptRecorder:
         spent = cost(
             usage.input_tokens,
             usage.output_tokens,
-            self.price,
+            self.price.scaled(LANE_PRICE.get(lane, 1.0)),
             cached_input_tokens=usage.cached_input_tokens,
             cache_write_tokens=usage.cache_write_tokens,
         )
@@ -461,6 +486,7 @@ class PromptRecorder:
             baseline_input, baseline_output, self.price, cached_input_tokens=baseline_cached
         )
         self._cost += spent
+        self._lane_cost[lane] = self._lane_cost.get(lane, 0.0) + spent
         self._cost_baseline += baseline
         return spent, baseline, baseline_input
 

@@ -46,6 +46,7 @@ class Job:
             sent (``None`` without a budget).
         requests: The requests that carried it, in order: each the provider's reply id
             when it gave one, else the request's local number (``"#12"``).
+        lane: The lane that answered it (``"realtime"``, or ``"flex"``).
     """
 
     item: Any
@@ -66,6 +67,7 @@ class Job:
     predictor: Callable[[Sequence[PlanItem]], float] | None = None
     predicted: float | None = None
     requests: list[str] = field(default_factory=list)
+    lane: str = "realtime"
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands.add_parser(
         "jobs",
-        help="list and show the deferred lanes' batch jobs, and write their results",
+        help="list, show, wait for, cancel and resume the batch lane's jobs; write their results",
         add_help=False,
     )
     return parser

@@ -12,7 +12,7 @@ batch     the provider's completion window (24 h)     half
 ========  ==========================================  ===========================
 
 With ``lane="auto"``, a call goes to the cheapest lane whose promise fits inside its
-budget, counting the time a batch waits to be collected. A call without a budget stays
+budget, counting the time a deferred call waits to be collected. A call without a budget stays
 in real time: nobody said it may wait. A lane the provider lacks (Anthropic has no
 flex) is skipped.
 """
@@ -51,7 +51,8 @@ class LaneTimes:
             advises a client timeout of 15 minutes.
         batch: The batch APIs' completion window (24 h for both providers). Most jobs
             finish much sooner, but only the window is promised.
-        collect: How long a call waits for the batch lane's next job (``batch_window``).
+        collect: How long a deferred call waits for company: the batch lane's next
+            job, or the flex lane's next group (``batch_window``).
     """
 
     flex: float = 15 * 60.0
@@ -102,6 +103,6 @@ def choose_lane(
         return Lane.REALTIME
     if Lane.BATCH in supported and budget >= times.batch + times.collect:
         return Lane.BATCH
-    if Lane.FLEX in supported and budget >= times.flex:
+    if Lane.FLEX in supported and budget >= times.flex + times.collect:
         return Lane.FLEX
     return Lane.REALTIME

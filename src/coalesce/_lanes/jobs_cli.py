@@ -1,7 +1,9 @@
-"""``coalesce jobs``: read the job store from the command line (``list``, ``show``, ``results``).
+"""``coalesce jobs``: the job store from the command line.
 
-Every command here only reads: a store path that does not exist, or a file that is not
-a coalesce job store, is a one-line error (exit code 2), never a new empty store.
+``list``, ``show`` and ``results`` only read: a store path that does not exist, or a
+file that is not a coalesce job store, is a one-line error (exit code 2), never a new
+empty store. ``wait``, ``cancel`` and ``resume`` also talk to the provider, through
+:mod:`coalesce._lanes.jobs_live`, and record what they learn in the (existing) store.
 Deciding and formatting are pure functions of records; :func:`main` does the I/O.
 """
 
@@ -9,21 +11,45 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sqlite3
 import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from contextlib import closing
+from contextlib import AsyncExitStack, closing
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from coalesce._exceptions import ConfigurationError
+from coalesce._lanes.jobs_live import (
+    Display,
+    ProviderFailure,
+    batch_id_of,
+    cancel_job,
+    check_base_url,
+    connect,
+    outcome_line,
+    poll_every,
+    resume_job,
+    wait_job,
+)
 from coalesce._lanes.paths import default_store_path
 from coalesce._lanes.records import Job, JobSummary, StoredItem
 from coalesce._lanes.store import JobStore
 
-__all__ = ["build_parser", "describe_job", "job_table", "main", "resolve_job", "result_record"]
+__all__ = [
+    "LIVE_COMMANDS",
+    "build_parser",
+    "describe_job",
+    "job_table",
+    "main",
+    "resolve_job",
+    "result_record",
+    "run_command",
+]
 
 MIN_PREFIX = 6
 """The shortest local-id prefix ``show`` and ``results`` accept."""
@@ -32,6 +58,20 @@ SHORT_ID = 12
 """How many characters of the local id ``list`` shows."""
 
 _ID_HELP = f"local job id, a unique prefix of it (>= {MIN_PREFIX} characters), or provider batch id"
+
+LIVE_COMMANDS = frozenset({"wait", "cancel", "resume"})
+"""The commands that talk to the provider (the others only read the store)."""
+
+DEFAULT_POLL = 60.0
+"""The longest wait, in seconds, between two polls of a batch."""
+
+_LIVE_EPILOG = (
+    "wait, cancel and resume need the provider's API key: OPENAI_API_KEY or"
+    " ANTHROPIC_API_KEY, as the job's provider requires (OPENAI_BASE_URL and"
+    " ANTHROPIC_BASE_URL, or --base-url, for another endpoint). They check each result"
+    " only as JSON: the decorated function validates it against its output type when it"
+    " reads the store."
+)
 
 
 class JobsError(Exception):
@@ -50,7 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"the job store file (default: $COALESCE_STORE or {default_store_path()})",
     )
     parser = argparse.ArgumentParser(
-        prog="coalesce jobs", description="Read the deferred lanes' job store."
+        prog="coalesce jobs",
+        description="Read the deferred lanes' job store; wait for, cancel or resume its jobs.",
+        epilog=_LIVE_EPILOG,
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     commands.add_parser(
@@ -66,7 +108,51 @@ def build_parser() -> argparse.ArgumentParser:
     results.add_argument("id", metavar="ID", help=_ID_HELP)
     results.add_argument("--out", type=Path, required=True, help="the JSONL file to write")
     results.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    _add_live_commands(commands, store)
     return parser
+
+
+def _add_live_commands(commands: Any, store: argparse.ArgumentParser) -> None:
+    live = argparse.ArgumentParser(add_help=False, parents=[store])
+    live.add_argument(
+        "--base-url",
+        help="the provider's API root (default: $OPENAI_BASE_URL or $ANTHROPIC_BASE_URL)",
+    )
+    live.add_argument(
+        "--poll",
+        type=_seconds,
+        default=DEFAULT_POLL,
+        metavar="SECONDS",
+        help=f"longest wait between polls, backing off from 5 s (default: {DEFAULT_POLL:g})",
+    )
+    helps = {
+        "wait": "poll the job's batch until it is final (progress on stderr), collect its"
+        " results into the store, and show the job with its cost so far",
+        "cancel": "cancel the job's batch at the provider; what it finished is collected,"
+        " its other items stay pending for a follow-up job",
+        "resume": "finish every unfinished job: submit what was planned and never"
+        " submitted (never twice), wait for what was, and collect the results",
+    }
+    for name, text in helps.items():
+        command = commands.add_parser(
+            name, parents=[live], help=text, description=f"{text}.", epilog=_LIVE_EPILOG
+        )
+        if name == "resume":
+            command.add_argument(
+                "--provider", choices=("openai", "anthropic"), help="only this provider's jobs"
+            )
+        else:
+            command.add_argument("id", metavar="ID", help=_ID_HELP)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
 
 
 # --- pure decisions and formatting ---------------------------------------------------
@@ -267,14 +353,83 @@ def _run(args: argparse.Namespace) -> list[str]:
         return _results(store, args.id, args.out, force=args.force)
 
 
+async def _run_live(args: argparse.Namespace) -> list[str]:
+    with open_existing(args.store or default_store_path()) as store:
+        if args.command == "resume":
+            return await _resume(store, args)
+        job = resolve_job(store.list_jobs(), args.id, store.path)
+        if not job.unfinished and args.command == "wait":
+            return [f"job {job.id} already ended; nothing to wait for", *_show(store, job.id)]
+        if not job.unfinished:
+            raise JobsError(f"job {job.id} already ended ({job.state}); there is nothing to cancel")
+        batch_id_of(job, "wait for" if args.command == "wait" else "cancel")
+        act = wait_job if args.command == "wait" else cancel_job
+        async with connect(job.provider, args.base_url) as conn:
+            with conn.calls():
+                outcome = await act(store, conn, job, poll_every(args.poll), _display(job))
+        return [outcome_line(job, outcome), *_show(store, job.id)]
+
+
+async def _resume(store: JobStore, args: argparse.Namespace) -> list[str]:
+    jobs = [job for job in store.unfinished_jobs() if args.provider in (None, job.provider)]
+    if not jobs:
+        where = f" for {args.provider}" if args.provider else ""
+        return [f"no unfinished jobs{where} in the job store {store.path}"]
+    providers = list(dict.fromkeys(job.provider for job in jobs))
+    check_base_url(providers, args.base_url)
+    lines = []
+    async with AsyncExitStack() as stack:
+        # Every client first: a missing key stops the command before anything is sent.
+        conns = {p: await stack.enter_async_context(connect(p, args.base_url)) for p in providers}
+        for job in jobs:
+            conn = conns[job.provider]
+            with conn.calls():
+                outcome = await resume_job(store, conn, job, poll_every(args.poll), _display(job))
+            lines.append(outcome_line(job, outcome))
+    return [*lines, "", *job_table([store.job_summary(job.id) for job in jobs])]
+
+
+def _display(job: Job) -> Display:
+    return Display(sys.stderr, f"job {job.id[:SHORT_ID]}")
+
+
+def _failed(command: str, exc: Exception) -> int:
+    print(f"coalesce jobs {command}: error: {exc}", file=sys.stderr)
+    return 1 if isinstance(exc, ProviderFailure) else 2
+
+
+async def run_command(args: argparse.Namespace) -> int:
+    """Run ``wait``, ``cancel`` or ``resume`` in the running event loop (asyncio or trio);
+    the exit code, as :func:`main`'s."""
+    try:
+        lines = await _run_live(args)
+    except (JobsError, ConfigurationError, ProviderFailure) as exc:
+        return _failed(args.command, exc)
+    print("\n".join(lines))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``coalesce jobs``; returns the exit code (2, with a one-line error, on a bad ID,
-    a missing store or an unwritable ``--out``)."""
+    """Run ``coalesce jobs``; returns the exit code.
+
+    2, with a one-line error, on a bad ID, a missing store, an unwritable ``--out`` or a
+    missing API key; 1 when the provider's API fails; 130 when interrupted (the batch
+    goes on at the provider, and ``wait`` or ``resume`` attaches to it again).
+    """
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command in LIVE_COMMANDS:
+        try:
+            return anyio.run(run_command, args)
+        except KeyboardInterrupt:
+            print(
+                f"\ncoalesce jobs {args.command}: interrupted; the batch goes on at the"
+                f" provider: `coalesce jobs wait ID` or `coalesce jobs resume` attaches again",
+                file=sys.stderr,
+            )
+            return 130
     try:
         lines = _run(args)
     except (JobsError, ConfigurationError) as exc:
-        print(f"coalesce jobs {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return _failed(args.command, exc)
     print("\n".join(lines))
     return 0
