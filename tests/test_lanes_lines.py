@@ -81,7 +81,7 @@ async def test_packed_openai_lines_come_back_split_per_item() -> None:
     for n, (_, ids) in enumerate(requests):
         outcome = outcomes[f"line-{n}"]
         assert set(answers(outcome, ids)) == set(ids)
-        assert outcome.usage[0] > 0
+        assert outcome.usage.input_tokens > 0
 
 
 @pytest.mark.anyio

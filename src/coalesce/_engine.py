@@ -304,12 +304,16 @@ class Engine:
         if self._batch_lane is None:
             given = self.options.store
             store = given if isinstance(given, JobStore) else JobStore(given)
+            lines = StatisticsListener(self.recorder, self.footprint, lane="batch")
             self._batch_lane = BatchLane(
                 self.spec,
                 store,
                 window=self.options.batch_window,
                 per_line=self.options.max_items,
                 max_attempts=self.options.max_attempts,
+                pays_from=lambda: self.pays_from,
+                recorder=self.recorder,
+                record_line=lines.line_done,
             )
         return self._batch_lane
 

@@ -23,6 +23,7 @@ from ._planning.tokens import estimator_for
 from ._prompt_stats import PromptRecorder
 from ._report import Job, RequestReport, Retry
 from ._wire.outcomes import ItemFailure
+from .providers import Usage
 
 __all__ = ["StatisticsListener", "UsageShares", "apportion", "request_predictor", "split_usage"]
 
@@ -92,6 +93,22 @@ class StatisticsListener:
             seconds=completion.seconds,
             reask=report.reask,
             label=label,
+            lane=self.lane,
+        )
+
+    def line_done(self, items: int, usage: Usage) -> float:
+        """Record one batch line's reply, counted as sent now (a line of one item is a
+        plain request); its cost at the lane's price."""
+        plain = items == 1
+        footprint = self.footprint
+        self.recorder.request_sent(items)
+        return self.recorder.request_finished(
+            items,
+            usage,
+            shared_input_tokens=footprint.plain_shared if plain else footprint.shared,
+            plain_shared_input_tokens=footprint.plain_shared,
+            frame_tokens=0 if plain else footprint.item_frame,
+            answer_frame_tokens=0 if plain else footprint.answer_frame,
             lane=self.lane,
         )
 

@@ -56,7 +56,6 @@ class Price:
                     f"Price.{name} must be a finite number of dollars >= 0, got {value!r}"
                 )
 
-
     def scaled(self, factor: float) -> Price:
         """Every rate times ``factor`` (a lane's discount, see :data:`LANE_PRICE`)."""
         if factor == 1.0:

@@ -299,8 +299,8 @@ class PromptRecorder:
         reask: bool = False,
         label: RequestLabel = UNLABELLED,
         lane: str = "realtime",
-    ) -> None:
-        """Record the reply of one request (counted by :meth:`request_sent`).
+    ) -> float:
+        """Record the reply of one request (counted by :meth:`request_sent`); its cost.
 
         Args:
             items, usage: Items in its prompt; the tokens reported, or ``None``.
@@ -315,8 +315,7 @@ class PromptRecorder:
                 tokens each answer adds besides its output (its key): a plain call
                 pays neither.
             plain_cached_input_tokens: What each plain call would read from a warm
-                prompt cache (its shared part, where the provider caches a prefix that
-                long): the baseline is the best plain alternative, not the naive one.
+                prompt cache: the baseline is the best plain alternative.
             ttft, seconds: Seconds to the first reply text (streamed), to its end.
             reask: Whether it asked again for items an earlier reply failed.
             label: Which request it was (its id, group, attempt and prediction).
@@ -344,6 +343,7 @@ class PromptRecorder:
                 f, m, items, usage, ttft, seconds, spent, baseline, reask, None, *label, plain_input
             )
             self._emit(event)
+        return spent
 
     def request_failed(
         self,

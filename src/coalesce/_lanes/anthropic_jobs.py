@@ -7,7 +7,9 @@ before a crash (before its id was recorded) is found again by its requests inste
 among the batches the store does not already claim, one with as many requests as the
 job has lines, whose results (once it has ended) carry exactly the job's custom_ids.
 The search waits for such candidates to end before deciding, so a restarted process
-may wait, but never submits a job twice.
+may wait, but never submits a job twice. A create refused with 429 (the enqueued-token
+limit, or the rate limit) created nothing: it is sent again after a backoff, up to
+:data:`CREATE_ATTEMPTS` times.
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ from .records import Job
 from .results import JobOutcome, Poll, final_state, settle_line
 from .store import JobStore
 
-__all__ = ["collect", "resume", "submit", "wait"]
+__all__ = ["CREATE_ATTEMPTS", "collect", "resume", "submit", "wait"]
+
+#: Creates of one job that 429s may refuse before the refusal stands.
+CREATE_ATTEMPTS = 12
 
 
 async def submit(store: JobStore, client: Any, job: Job, poll: Poll | None = None) -> str:
@@ -33,10 +38,22 @@ async def submit(store: JobStore, client: Any, job: Job, poll: Poll | None = Non
     ours = {line.custom_id for line in lines}
     found = await _find(store, client, ours, poll)
     if found is None:
-        requests = [as_json(line.request) for line in lines]
-        found = str((await client.messages.batches.create(requests=requests)).id)
+        found = await _create(client, [as_json(line.request) for line in lines], poll)
     await anyio.to_thread.run_sync(store.mark_submitted, job.id, found)
     return found
+
+
+async def _create(client: Any, requests: list[Any], poll: Poll | None) -> str:
+    """Create the batch; a 429 (nothing was created) is retried after a backoff."""
+    delays = (poll or Poll()).delays()
+    for attempt in range(1, CREATE_ATTEMPTS + 1):
+        try:
+            return str((await client.messages.batches.create(requests=requests)).id)
+        except Exception as exc:
+            if getattr(exc, "status_code", None) != 429 or attempt == CREATE_ATTEMPTS:
+                raise
+        await anyio.sleep(delays())
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 async def _find(

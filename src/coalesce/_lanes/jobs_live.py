@@ -193,7 +193,7 @@ API: Mapping[Provider, Api] = {
         retrieve=lambda client, batch_id: client.batches.retrieve(batch_id),
         cancel=lambda client, batch_id: client.batches.cancel(batch_id),
         progress=openai_progress,
-        submit=lambda store, client, job, poll: openai_jobs.submit(store, client, job),
+        submit=lambda store, client, job, poll: openai_jobs.submit(store, client, job, poll),
         collect=openai_jobs.collect,
     ),
     "anthropic": Api(

@@ -2,8 +2,10 @@
 
 A call routed here (see :mod:`coalesce._lanes.choose`) is keyed and written to the job
 store, then waits for the lane's window (``batch_window``) with the others. The window's
-items are packed ``per_line`` to a line, all lines in one job (chunked to the
-provider's limits), and the job is submitted, polled and read back
+items are packed up to ``per_line`` to a line where packing pays for the function (a
+line of one item is a plain request, as in real time: see :func:`line_sizes`), all
+lines in one job (chunked to the provider's limits), and the job is submitted, polled
+and read back
 (:mod:`coalesce._lanes.openai_jobs`, :mod:`coalesce._lanes.anthropic_jobs`). Items a job
 released (expiry, a 5xx) go to a follow-up job, up to ``max_attempts`` jobs per item.
 
@@ -14,6 +16,7 @@ stopped while it waited) attaches to that job instead of submitting it again.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
@@ -22,19 +25,40 @@ import anyio
 
 from .._batcher import Batcher, Resolve
 from .._exceptions import ItemError
+from .._prompt_stats import PromptRecorder
 from .._spec import FunctionSpec
 from .._wire.packing import pack_request
-from ..providers import CompletionRequest
+from .._wire.plain import plain_request
+from ..providers import CompletionRequest, Usage
 from . import anthropic_jobs, openai_jobs
 from .lines import ANTHROPIC_LIMITS, OPENAI_LIMITS, anthropic_request, chunk, openai_line
 from .records import ItemRow, Job, PlannedLine
-from .results import Poll
+from .results import JobOutcome, Poll, plain_custom_id
 from .store import JobStore
 
-__all__ = ["BatchLane"]
+__all__ = ["BatchLane", "line_sizes"]
 
 #: Most lines one window sends, as one job or several (the providers' own caps).
 _MAX_WINDOW_ITEMS = 1_000_000
+
+
+def line_sizes(items: int, per_line: int, pays_from: int | None) -> list[int]:
+    """How many items each line of a window of ``items`` carries. Pure.
+
+    As few lines as ``per_line`` allows, their sizes even (23 items at 10 a line are
+    8, 8 and 7, not 10, 10 and 3); lines smaller than ``pays_from``, the smallest group
+    packing pays for, are plain requests of one item instead (all of them when
+    ``pays_from`` is ``None``).
+    """
+    if items <= 0:
+        return []
+    if pays_from is None or per_line < max(2, pays_from):
+        return [1] * items
+    lines = math.ceil(items / per_line)
+    base, extra = divmod(items, lines)
+    if base < pays_from:
+        return [1] * items
+    return [base + 1] * extra + [base] * (lines - extra)
 
 
 class BatchLane:
@@ -44,9 +68,14 @@ class BatchLane:
         spec: The function; its provider must have a batch API (``batch_api``).
         store: Where jobs and items are kept.
         window: Seconds a call waits for others before the window's job is sent.
-        per_line: Items packed into one batch line.
+        per_line: Most items packed into one batch line.
         max_attempts: Jobs one item may be sent in, follow-ups included.
         poll: How often a job is polled.
+        pays_from: The smallest line packing pays for (``None``: none, every line is a
+            plain request); called when a window is planned, as it is learned.
+        recorder: Where its calls and lines are counted (at the batch price).
+        record_line: Records one line's reply (items, tokens) in ``recorder``; returns
+            its cost in dollars (NaN when the model has no price).
     """
 
     def __init__(
@@ -58,9 +87,13 @@ class BatchLane:
         per_line: int,
         max_attempts: int = 3,
         poll: Poll | None = None,
+        pays_from: Callable[[], int | None] = lambda: 2,
+        recorder: PromptRecorder | None = None,
+        record_line: Callable[[int, Usage], float] | None = None,
     ) -> None:
         self.spec, self.store, self.per_line = spec, store, per_line
-        self.max_attempts, self.poll = max_attempts, poll
+        self.max_attempts, self.poll, self.pays_from = max_attempts, poll, pays_from
+        self.recorder, self.record_line = recorder, record_line
         self.kind = str(getattr(spec.provider, "batch_api", ""))
         self.client: Any = getattr(spec.provider, "client", None)
         self.runner: ModuleType = openai_jobs if self.kind == "openai" else anthropic_jobs
@@ -76,13 +109,26 @@ class BatchLane:
 
     async def submit(self, item: Any) -> Any:
         """``item``'s answer through the batch lane (at once if the store has it)."""
+        started, ok = anyio.current_time(), False
+        try:
+            result = await self._submit(item)
+            ok = True
+            return result
+        finally:
+            if self.recorder is not None:
+                self.recorder.call_finished(anyio.current_time() - started, ok=ok, lane="batch")
+
+    async def _submit(self, item: Any) -> Any:
         spec = self.spec
         row = ItemRow.for_call(spec.name, spec.model, spec.instructions, spec.output_schema, item)
         # A point read by primary key (microseconds): on the loop, so that calls made
         # together reach the window together.
         stored = self.store.get(row.key)
         if stored is not None and stored.state == "done":
-            return spec.validate(stored.result)
+            try:
+                return spec.validate(stored.result)
+            except Exception:  # collected without the output type (``coalesce jobs``)
+                self.store.release(row.key)  # asked again, below
         return await self.batcher(row)
 
     async def aclose(self) -> None:
@@ -104,14 +150,29 @@ class BatchLane:
         """Once per lane: finish the jobs an earlier process left unfinished."""
         async with self._attaching:
             if not self._attached:
-                await self.runner.resume(self.store, self.client, self.spec.validate, self.poll)
+                outcomes = await self.runner.resume(
+                    self.store, self.client, self.spec.validate, self.poll
+                )
+                for job_id, outcome in outcomes.items():
+                    await self._account(job_id, outcome)
                 self._attached = True
 
     async def _finish(self, job: Job) -> None:
         """Submit ``job``, wait for it, record its results."""
-        batch_id = await self.runner.submit(self.store, self.client, job)
+        batch_id = await self.runner.submit(self.store, self.client, job, self.poll)
         batch = await self.runner.wait(self.client, batch_id, self.poll)
-        await self.runner.collect(self.store, self.client, job, batch, self.spec.validate)
+        outcome = await self.runner.collect(self.store, self.client, job, batch, self.spec.validate)
+        await self._account(job.id, outcome)
+
+    async def _account(self, job_id: str, outcome: JobOutcome) -> None:
+        """Count a collected job's lines in the statistics; record its cost in the store."""
+        if self.record_line is None:
+            return
+        spent = sum(self.record_line(items, usage) for items, usage in outcome.usage)
+        if not math.isnan(spent):
+            await anyio.to_thread.run_sync(
+                lambda: self.store.finish_job(job_id, outcome.state, cost_usd=spent)  # type: ignore[arg-type]
+            )
 
     async def _pending(self, rows: Sequence[ItemRow]) -> list[ItemRow]:
         """The window's items still needing a job (not done, not failed for good)."""
@@ -121,10 +182,11 @@ class BatchLane:
         return [row for row in {row.key: row for row in rows}.values() if row.key in waiting]
 
     def _plan(self, rows: Sequence[ItemRow]) -> list[Job]:  # in a worker thread
-        """Write the job(s) asking for ``rows``, packed ``per_line`` to a line."""
-        lines = [
-            self._line(rows[i : i + self.per_line]) for i in range(0, len(rows), self.per_line)
-        ]
+        """Write the job(s) asking for ``rows``, packed as :func:`line_sizes` says."""
+        lines, start = [], 0
+        for size in line_sizes(len(rows), self.per_line, self.pays_from()):
+            lines.append(self._line(rows[start : start + size]))
+            start += size
         limits = OPENAI_LIMITS if self.kind == "openai" else ANTHROPIC_LIMITS
         by_id = {line.custom_id: line for line in lines}
         return [
@@ -138,16 +200,25 @@ class BatchLane:
         ]
 
     def _line(self, rows: Sequence[ItemRow]) -> PlannedLine:
-        spec = self.spec
-        packed = pack_request(spec.instructions, [row.input for row in rows], spec.output_schema)
+        spec, structured = self.spec, self.spec.provider.structured
+        custom_id = self.store.new_custom_id()
+        if len(rows) == 1:  # a plain request, as a plain call would ask it
+            packed = plain_request(
+                spec.instructions, rows[0].input, spec.output_schema, structured=structured
+            )
+            custom_id = plain_custom_id(custom_id, spec.output_schema)
+        else:
+            inputs = [row.input for row in rows]
+            packed = pack_request(
+                spec.instructions, inputs, spec.output_schema, structured=structured
+            )
         request = CompletionRequest(
             model=spec.model,
             system=packed.system,
             user=packed.user,
-            reply_schema=packed.reply_schema,
+            reply_schema=(packed.reply_schema or None) if structured else None,
             options=spec.request_options,
         )
-        custom_id = self.store.new_custom_id()
         arguments = spec.provider.arguments(request)  # type: ignore[attr-defined]
         build: Callable[[str, Any], dict[str, Any]] = (
             openai_line if self.kind == "openai" else anthropic_request

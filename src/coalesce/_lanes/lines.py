@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .._exceptions import ConfigurationError
+from ..providers import Usage
 
 __all__ = [
     "ANTHROPIC_LIMITS",
@@ -143,7 +144,7 @@ class LineOutcome:
             itself was refused, a 400).
         text: The reply's text (a forced tool's input as JSON), when ``"ok"``.
         finish_reason: ``"stop"``, ``"length"``, or the provider's own value.
-        usage: ``(prompt tokens, completion tokens, cached prompt tokens)``.
+        usage: Its tokens (none for a line without a reply).
         error: Why there is no reply, when not ``"ok"``.
     """
 
@@ -151,7 +152,7 @@ class LineOutcome:
     status: Literal["ok", "retry", "failed"]
     text: str = ""
     finish_reason: str = "stop"
-    usage: tuple[int, int, int] = (0, 0, 0)
+    usage: Usage = field(default_factory=lambda: Usage(0, 0))
     error: str = ""
 
 
@@ -191,7 +192,7 @@ def _openai_reply(custom_id: str, body: Mapping[str, Any]) -> LineOutcome:
         "ok",
         text=message.get("content") or "",
         finish_reason=choice.get("finish_reason") or "stop",
-        usage=(
+        usage=Usage(
             int(usage.get("prompt_tokens") or 0),
             int(usage.get("completion_tokens") or 0),
             int(details.get("cached_tokens") or 0),
@@ -233,9 +234,10 @@ def _anthropic_reply(custom_id: str, message: Mapping[str, Any]) -> LineOutcome:
         "ok",
         text=text,
         finish_reason="length" if stop == "max_tokens" else "stop",
-        usage=(
+        usage=Usage(
             int(usage.get("input_tokens") or 0) + read + written,
             int(usage.get("output_tokens") or 0),
             read,
+            written,
         ),
     )

@@ -8,7 +8,10 @@ The order of writes is what makes a crash harmless (see :mod:`coalesce._lanes.st
 3. before creating the batch, the provider's list is searched for a batch whose
    metadata names this job (a crash between create and step 4 left one there);
    only if there is none is the batch created, with that metadata;
-4. the batch id is recorded (``submitted``).
+4. the batch id is recorded (``submitted``), once the batch is past validation: a
+   batch refused for the enqueued-token limit (too many tokens of the model already
+   queued) is created again after a backoff, up to :data:`CREATE_ATTEMPTS` times (the
+   search in step 3 skips such refused batches).
 
 A process started again calls :func:`resume`: every unfinished job continues from the
 step it reached, so nothing is submitted (or billed) twice. Results are read by
@@ -30,13 +33,25 @@ from .records import JOB_METADATA_KEY, Job
 from .results import JobOutcome, Poll, final_state, settle_line
 from .store import JobStore
 
-__all__ = ["collect", "resume", "submit", "wait"]
+__all__ = ["CREATE_ATTEMPTS", "collect", "resume", "submit", "token_refused", "wait"]
 
 #: Batch states after which nothing more will happen.
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
 
+#: Creates of one job a full queue (the enqueued-token limit) may refuse before the
+#: refusal stands (and the job's items go to a follow-up job).
+CREATE_ATTEMPTS = 12
 
-async def submit(store: JobStore, client: Any, job: Job) -> str:
+
+def token_refused(batch: Any) -> bool:
+    """Whether the batch failed validation for the enqueued-token limit."""
+    errors = getattr(getattr(batch, "errors", None), "data", None) or ()
+    return batch.status == "failed" and any(
+        getattr(error, "code", None) == "token_limit_exceeded" for error in errors
+    )
+
+
+async def submit(store: JobStore, client: Any, job: Job, poll: Poll | None = None) -> str:
     """Take ``job`` from wherever it stopped to ``submitted``; its batch id."""
     if job.provider_batch_id is not None:
         return job.provider_batch_id
@@ -45,12 +60,20 @@ async def submit(store: JobStore, client: Any, job: Job) -> str:
         await anyio.to_thread.run_sync(store.mark_submitted, job.id, found)
         return found
     file_id = job.input_file_id or await _upload(store, client, job)
-    batch = await client.batches.create(
-        input_file_id=file_id,
-        endpoint="/v1/chat/completions",
-        completion_window="24h",
-        metadata=dict(job.metadata),
-    )
+    delays = (poll or Poll()).delays()
+    for attempt in range(1, CREATE_ATTEMPTS + 1):
+        batch = await client.batches.create(
+            input_file_id=file_id,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+            metadata=dict(job.metadata),
+        )
+        while batch.status == "validating":
+            await anyio.sleep(delays())
+            batch = await client.batches.retrieve(batch.id)
+        if not token_refused(batch) or attempt == CREATE_ATTEMPTS:
+            break
+        await anyio.sleep(delays())  # the queue drains as other batches finish
     await anyio.to_thread.run_sync(store.mark_submitted, job.id, batch.id)
     return str(batch.id)
 
@@ -70,7 +93,8 @@ async def _find(client: Any, job_id: str) -> str | None:
     page = await client.batches.list(limit=100)
     while True:
         for batch in page.data:
-            if (batch.metadata or {}).get(JOB_METADATA_KEY) == job_id:
+            ours = (batch.metadata or {}).get(JOB_METADATA_KEY) == job_id
+            if ours and not token_refused(batch):
                 return str(batch.id)
         if not page.has_next_page():
             return None
@@ -119,7 +143,7 @@ async def resume(
     for job in jobs:
         if job.provider != "openai":
             continue
-        batch_id = await submit(store, client, job)
+        batch_id = await submit(store, client, job, poll)
         batch = await wait(client, batch_id, poll)
         outcomes[job.id] = await collect(store, client, job, batch, validate)
     return outcomes

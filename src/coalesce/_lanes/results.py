@@ -1,8 +1,9 @@
 """What a batch job's lines gave, whatever the provider: split, validated, recorded.
 
 A packed line's reply is split by id (``"1"`` .. ``"n"`` in the order of the items the
-line carries) and each output validated; the store then records each item's result
-or failure. A line with no reply that may come on a second asking (expiry,
+line carries) and each output validated; a line of one item is a plain request, as in
+real time (:mod:`coalesce._wire.plain`), and its ``custom_id`` says how its reply
+reads (:func:`plain_custom_id`). The store then records each item's result or failure. A line with no reply that may come on a second asking (expiry,
 cancellation, 429/5xx) releases its items for a follow-up job.
 """
 
@@ -16,11 +17,24 @@ import anyio
 
 from .._wire.outcomes import Split
 from .._wire.packing import make_ids, split_reply
+from .._wire.plain import split_plain, text_output, wrapped_output
+from ..providers import Usage
 from .lines import LineOutcome
 from .records import JobState, StoredLine
 from .store import JobStore
 
-__all__ = ["JobOutcome", "Poll", "final_state", "settle_line", "split_line"]
+__all__ = [
+    "JobOutcome",
+    "Poll",
+    "final_state",
+    "plain_custom_id",
+    "plain_reading",
+    "settle_line",
+    "split_line",
+]
+
+#: How a plain line's reply reads, by the mark ending its ``custom_id``.
+_PLAIN_MARKS = {"-pt": "text", "-pw": "wrapped", "-po": "object"}
 
 
 @dataclass(frozen=True)
@@ -52,6 +66,8 @@ class JobOutcome:
     results: dict[str, Any] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)
     released: list[str] = field(default_factory=list)
+    #: Per line with a reply: how many items it carried and its tokens.
+    usage: list[tuple[int, Usage]] = field(default_factory=list)
 
 
 def final_state(status: str, answered: bool) -> JobState:
@@ -76,18 +92,50 @@ async def settle_line(
         await anyio.to_thread.run_sync(store.record_line_result, line.custom_id, {}, failures)
         into.failures.update(failures)
         return
-    results, failures = split_line(line.item_keys, outcome.text, validate)
+    into.usage.append((len(line.item_keys), outcome.usage))
+    truncated = outcome.finish_reason in ("length", "max_tokens")
+    results, failures = split_line(
+        line.item_keys, outcome.text, validate, plain=plain_reading(line.custom_id), cut=truncated
+    )
     await anyio.to_thread.run_sync(store.record_line_result, line.custom_id, results, failures)
     into.results.update(results)
     into.failures.update(failures)
 
 
+def plain_custom_id(custom_id: str, output_schema: Mapping[str, Any]) -> str:
+    """``custom_id`` marked as a plain line's, with how its reply reads: the output as
+    text, wrapped in ``{"answer": ...}``, or an object (the store's ids never end so)."""
+    if text_output(output_schema):
+        return custom_id + "-pt"
+    return custom_id + ("-pw" if wrapped_output(output_schema) else "-po")
+
+
+def plain_reading(custom_id: str) -> str | None:
+    """How a plain line's reply reads (``"text"``, ``"wrapped"``, ``"object"``), or
+    ``None`` for a packed line."""
+    return _PLAIN_MARKS.get(custom_id[-3:])
+
+
 def split_line(
-    keys: Sequence[str], text: str, validate: Callable[[Any], Any]
+    keys: Sequence[str],
+    text: str,
+    validate: Callable[[Any], Any],
+    *,
+    plain: str | None = None,
+    cut: bool = False,
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """Per item key, the validated output (as JSON) or why there is none."""
+    """Per item key, the validated output (as JSON) or why there is none.
+
+    ``plain`` is how a plain line's reply reads (:func:`plain_reading`); ``cut``, that
+    the reply was cut off by the token cap."""
     ids = make_ids(len(keys))
-    split: Split[Any] = split_reply(text, ids, validate)
+    split: Split[Any]
+    if plain is not None and len(keys) == 1:
+        as_text, wrapped = plain == "text", plain == "wrapped"
+        split = split_plain(text, validate, truncated=cut, as_text=as_text, wrapped=wrapped)
+        ids = split.ids
+    else:
+        split = split_reply(text, ids, validate, truncated=cut)
     by_id: Mapping[str, str] = dict(zip(ids, keys, strict=True))
     results = {by_id[i]: _jsonable(value) for i, value in split.values.items()}
     failures = {by_id[i]: str(failure) for i, failure in split.failures.items()}

@@ -197,6 +197,19 @@ class JobStore:
             row = cur.execute("SELECT * FROM items WHERE key = ?", (key,)).fetchone()
         return None if row is None else item_from_row(row)
 
+    def release(self, key: str) -> None:
+        """Send a ``done`` item back to ``pending``, its result dropped: the function
+        found the result invalid (``coalesce jobs`` collects without the output type),
+        so it is asked again. Other states are left as they are. Durable when it returns.
+        """
+        with self._write() as cur:
+            cur.execute(
+                "UPDATE items SET state = 'pending', result = NULL, line = NULL,"
+                " error = 'the stored result did not validate', updated_at = ?"
+                " WHERE key = ? AND state = 'done'",
+                (self._clock(), key),
+            )
+
     def pending_items(
         self, function: str | None = None, *, include_failed: bool = False
     ) -> list[StoredItem]:
