@@ -21,7 +21,7 @@ import anyio
 
 from .lines import LineOutcome, as_json, read_anthropic_result
 from .records import Job
-from .results import JobOutcome, Poll, final_state, settle_line
+from .results import JobOutcome, Poll, final_state, settle_lines
 from .store import JobStore
 
 __all__ = ["CREATE_ATTEMPTS", "collect", "resume", "submit", "wait"]
@@ -118,8 +118,7 @@ async def collect(
     outcomes = {outcome.custom_id: outcome for outcome in await _results(client, batch.id)}
     lines = await anyio.to_thread.run_sync(store.job_lines, job.id)
     result = JobOutcome(state=_status(batch))
-    for line in lines:
-        await settle_line(store, line, outcomes.get(line.custom_id), validate, result)
+    await settle_lines(store, lines, outcomes, validate, result)
     state = final_state(result.state, bool(result.results))
     await anyio.to_thread.run_sync(lambda: store.finish_job(job.id, state))
     result.state = state

@@ -227,8 +227,9 @@ class BatchLane:
 
     async def _answer(self, rows: Sequence[ItemRow], resolve: Resolve) -> None:
         delays = (self.poll or Poll()).delays()
-        for index, row in enumerate(rows):
-            stored = await anyio.to_thread.run_sync(self.store.get, row.key)
+        # One read for the window's items (one worker-thread hop, not one per item).
+        found = await anyio.to_thread.run_sync(self.store.get_many, [row.key for row in rows])
+        for index, (row, stored) in enumerate(zip(rows, found, strict=True)):
             while stored is not None and stored.state == "assigned":  # in another window's job
                 await anyio.sleep(delays())
                 stored = await anyio.to_thread.run_sync(self.store.get, row.key)

@@ -30,7 +30,7 @@ import anyio
 
 from .lines import LineOutcome, jsonl, read_openai_line
 from .records import JOB_METADATA_KEY, Job
-from .results import JobOutcome, Poll, final_state, settle_line
+from .results import JobOutcome, Poll, final_state, settle_lines
 from .store import JobStore
 
 __all__ = ["CREATE_ATTEMPTS", "collect", "resume", "submit", "token_refused", "wait"]
@@ -125,8 +125,7 @@ async def collect(
                     outcomes[outcome.custom_id] = outcome
     lines = await anyio.to_thread.run_sync(store.job_lines, job.id)
     result = JobOutcome(state=str(batch.status))
-    for line in lines:
-        await settle_line(store, line, outcomes.get(line.custom_id), validate, result)
+    await settle_lines(store, lines, outcomes, validate, result)
     state = final_state(str(batch.status), bool(result.results))
     await anyio.to_thread.run_sync(lambda: store.finish_job(job.id, state))
     result.state = state

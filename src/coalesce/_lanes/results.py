@@ -29,7 +29,7 @@ __all__ = [
     "final_state",
     "plain_custom_id",
     "plain_reading",
-    "settle_line",
+    "settle_lines",
     "split_line",
 ]
 
@@ -77,29 +77,39 @@ def final_state(status: str, answered: bool) -> JobState:
     return "expired" if status == "expired" else "cancelled" if status == "cancelled" else "failed"
 
 
-async def settle_line(
+async def settle_lines(
     store: JobStore,
-    line: StoredLine,
-    outcome: LineOutcome | None,
+    lines: Sequence[StoredLine],
+    outcomes: Mapping[str, LineOutcome],
     validate: Callable[[Any], Any],
     into: JobOutcome,
 ) -> None:
-    if outcome is None or outcome.status == "retry":
-        into.released += await anyio.to_thread.run_sync(store.expire_line, line.custom_id)
-        return
-    if outcome.status == "failed":
-        failures = dict.fromkeys(line.item_keys, outcome.error)
-        await anyio.to_thread.run_sync(store.record_line_result, line.custom_id, {}, failures)
+    """Settle every line of a job: replies split and validated here, then recorded in
+    one transaction; lines without a reply released, each on its own."""
+    answers: list[tuple[str, Mapping[str, Any], Mapping[str, str]]] = []
+    for line in lines:
+        outcome = outcomes.get(line.custom_id)
+        if outcome is None or outcome.status == "retry":
+            into.released += await anyio.to_thread.run_sync(store.expire_line, line.custom_id)
+            continue
+        results, failures = _answers(line, outcome, validate, into)
+        answers.append((line.custom_id, results, failures))
+        into.results.update(results)
         into.failures.update(failures)
-        return
+    await anyio.to_thread.run_sync(store.record_line_results, answers)
+
+
+def _answers(
+    line: StoredLine, outcome: LineOutcome, validate: Callable[[Any], Any], into: JobOutcome
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """A line's results and failures from its reply (a failed line: every item failed)."""
+    if outcome.status == "failed":
+        return {}, dict.fromkeys(line.item_keys, outcome.error)
     into.usage.append((len(line.item_keys), outcome.usage))
     truncated = outcome.finish_reason in ("length", "max_tokens")
-    results, failures = split_line(
+    return split_line(
         line.item_keys, outcome.text, validate, plain=plain_reading(line.custom_id), cut=truncated
     )
-    await anyio.to_thread.run_sync(store.record_line_result, line.custom_id, results, failures)
-    into.results.update(results)
-    into.failures.update(failures)
 
 
 def plain_custom_id(custom_id: str, output_schema: Mapping[str, Any]) -> str:

@@ -193,9 +193,18 @@ class JobStore:
 
     def get(self, key: str) -> StoredItem | None:
         """The item with this key, or ``None``."""
+        return self.get_many([key])[0]
+
+    def get_many(self, keys: Sequence[str]) -> list[StoredItem | None]:
+        """The items with these keys (``None`` where there is none), in one snapshot."""
+        found: dict[str, StoredItem] = {}
         with self._read() as cur:
-            row = cur.execute("SELECT * FROM items WHERE key = ?", (key,)).fetchone()
-        return None if row is None else item_from_row(row)
+            for start in range(0, len(keys), 500):  # under SQLite's bound-parameter limit
+                part = keys[start : start + 500]
+                query = f"SELECT * FROM items WHERE key IN ({','.join('?' * len(part))})"
+                for row in cur.execute(query, part).fetchall():
+                    found[row["key"]] = item_from_row(row)
+        return [found.get(key) for key in keys]
 
     def release(self, key: str) -> None:
         """Send a ``done`` item back to ``pending``, its result dropped: the function
@@ -407,25 +416,25 @@ class JobStore:
             ConfigurationError: no such line, a key the line does not carry, a key in
                 both mappings, or a result that is not JSON.
         """
-        both = results.keys() & failures.keys()
-        if both:
-            raise ConfigurationError(f"items {sorted(both)} have both a result and a failure")
-        encoded = {
-            key: dump_json(value, f"the result of item {key}") for key, value in results.items()
-        }
+        self.record_line_results([(custom_id, results, failures)])
+
+    def record_line_results(
+        self, answers: Sequence[tuple[str, Mapping[str, Any], Mapping[str, str]]]
+    ) -> None:
+        """:meth:`record_line_result` for many lines, in one transaction: one commit
+        (one fsync) for a job's thousands of lines. All or none are recorded.
+
+        Raises:
+            ConfigurationError: as :meth:`record_line_result`, for any line.
+        """
+        encoded = [
+            (custom_id, _encoded(results, failures), failures)
+            for custom_id, results, failures in answers
+        ]
         with self._write() as cur:
-            carried = require_carried(cur, custom_id, self.path)
-            strangers = (encoded.keys() | failures.keys()) - set(carried)
-            if strangers:
-                raise ConfigurationError(
-                    f"line {custom_id} does not carry items {sorted(strangers)}; record each"
-                    f" item's answer under the line that carried it"
-                )
             now = self._clock()
-            for key in carried:
-                settle(cur, custom_id, key, encoded.get(key), failures.get(key), now)
-            state = "done" if results else "failed"
-            cur.execute("UPDATE lines SET state = ? WHERE custom_id = ?", (state, custom_id))
+            for custom_id, results, failures in encoded:
+                _record_line(cur, self.path, custom_id, results, failures, now)
 
     def expire_line(self, custom_id: str) -> list[str]:
         """The line got no answer (its batch expired or was cancelled): release it.
@@ -441,3 +450,33 @@ class JobStore:
         with self._write() as cur:
             require_carried(cur, custom_id, self.path)
             return release_line(cur, custom_id, "expired", self._clock())
+
+
+def _encoded(results: Mapping[str, Any], failures: Mapping[str, str]) -> dict[str, str]:
+    """``results`` as JSON text; refuse a key in both mappings."""
+    both = results.keys() & failures.keys()
+    if both:
+        raise ConfigurationError(f"items {sorted(both)} have both a result and a failure")
+    return {key: dump_json(value, f"the result of item {key}") for key, value in results.items()}
+
+
+def _record_line(
+    cur: sqlite3.Cursor,
+    path: Path,
+    custom_id: str,
+    encoded: Mapping[str, str],
+    failures: Mapping[str, str],
+    now: float,
+) -> None:
+    """One line's answers, inside the caller's transaction (see ``record_line_result``)."""
+    carried = require_carried(cur, custom_id, path)
+    strangers = (encoded.keys() | failures.keys()) - set(carried)
+    if strangers:
+        raise ConfigurationError(
+            f"line {custom_id} does not carry items {sorted(strangers)}; record each"
+            f" item's answer under the line that carried it"
+        )
+    for key in carried:
+        settle(cur, custom_id, key, encoded.get(key), failures.get(key), now)
+    state = "done" if encoded else "failed"
+    cur.execute("UPDATE lines SET state = ? WHERE custom_id = ?", (state, custom_id))

@@ -165,7 +165,7 @@ def store_batch(
         validate: Whether the batch goes through a validation phase first.
     """
     sim = call.sim
-    batch_id = sim.next_id(prefix)
+    batch_id = sim.unique_id(prefix)
     lines = 0 if errors else len(requests)
     timeline = sim.batches.timeline(sim.clock.now(), lines, validate=validate)
     results = [

@@ -66,7 +66,7 @@ def _file(sim: Simulation, file_id: str) -> StoredFile:
 
 
 def _add_file(sim: Simulation, filename: str, purpose: str, data: bytes) -> StoredFile:
-    stored = StoredFile(sim.next_id("file-sim"), filename, purpose, data, sim.clock.now())
+    stored = StoredFile(sim.unique_id("file-sim"), filename, purpose, data, sim.clock.now())
     sim.batches.files[stored.id] = stored
     return stored
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from os import PathLike
@@ -153,6 +154,9 @@ class SimulatedProvider:
         self.batches = BatchStore(self.batch_timing, self.time_scale)
         self.prompt_cache = PromptCacheStore(self.prompt_caching, self.time_scale, self.clock)
         self._ids = itertools.count(1)
+        # Batches and files outlive a client's process, and a client's job store keeps
+        # their ids: like a real provider's, they never repeat, across simulators too.
+        self._instance = uuid.uuid4().hex[:8]
 
     def next_id(self, prefix: str) -> str:
         """Return a fresh response id such as ``chatcmpl-sim000001``.
@@ -161,6 +165,15 @@ class SimulatedProvider:
             prefix: The id's prefix.
         """
         return f"{prefix}{next(self._ids):06d}"
+
+    def unique_id(self, prefix: str) -> str:
+        """Return a fresh id that no other simulator, nor this one before a
+        :meth:`reset`, gives: ``batch_sim3f9c01a2000002``, for batches and files.
+
+        Args:
+            prefix: The id's prefix.
+        """
+        return self.next_id(f"{prefix}{self._instance}")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI entry point."""
