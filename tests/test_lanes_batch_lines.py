@@ -18,7 +18,7 @@ import coalesce
 from coalesce._lanes.lane import line_sizes
 from coalesce._lanes.results import plain_reading
 from coalesce._lanes.store import JobStore
-from coalesce.testing import BatchTiming, SimulatedProvider, expected_output
+from coalesce.testing import BatchTiming, FlexProcessing, SimulatedProvider, expected_output
 
 pytestmark = pytest.mark.anyio
 
@@ -192,3 +192,30 @@ async def test_a_create_over_the_enqueued_token_limit_waits_for_the_queue(
     if api == "openai":  # refused at validation, then created again
         assert any(s.failed for s in sim.batch_submissions)
     assert fn.statistics().calls_failed == 0
+
+
+async def test_batch_client_sends_the_deferred_lanes_with_its_own_key(tmp_path: Path) -> None:
+    sim = SimulatedProvider(batches=TIMING, flex=FlexProcessing(unavailable=0))
+    fn = summariser(
+        sim.openai_client(api_key="sk-people"),
+        tmp_path / "jobs.db",
+        batch_client=sim.openai_client(api_key="sk-nightly"),
+    )
+    await ask_all(fn, ["now"])
+    with coalesce.latency_budget(30 * 60):
+        await ask_all(fn, ["minutes"])
+    with coalesce.latency_budget(48 * 3600):
+        await ask_all(fn, ["tonight"])
+    await fn.aclose()
+    keys = {(r.batch_id is not None, r.service_tier): r.api_key for r in sim.requests}
+    assert keys == {
+        (False, "default"): "sk-people",
+        (False, "flex"): "sk-nightly",
+        (True, None): "sk-nightly",
+    }
+
+
+def test_batch_client_must_be_the_same_providers(tmp_path: Path) -> None:
+    sim = SimulatedProvider()
+    with pytest.raises(coalesce.ConfigurationError, match=r"batch_client= must be .* \(openai\)"):
+        summariser(sim.openai_client(), tmp_path / "j.db", batch_client=sim.anthropic_client())

@@ -29,7 +29,8 @@ import anyio
 
 from ._admission import ContextPolicy, admission_for, encode_item
 from ._batcher import Batcher, Resolve
-from ._exceptions import CoalesceWarning, InvalidInputError
+from ._client import as_provider
+from ._exceptions import CoalesceWarning, ConfigurationError, InvalidInputError
 from ._group import Group, run_group
 from ._lanes.choose import Lane, LaneTimes, check_lane, choose_lane
 from ._lanes.flex import FLEX_TIMEOUT, FlexProvider, flex_refused, flex_unsupported
@@ -126,7 +127,8 @@ class Engine:
             listeners.append(self.planning)
         observer = Observers(*listeners, *observers)
         self.cost = self._packing_cost()
-        self.lanes = offered_lanes(spec)
+        self.deferred = _deferred(spec, options.batch_client)
+        self.lanes = offered_lanes(self.deferred)
         check_lane(options.lane, self.lanes)
         self.lane_times = LaneTimes(collect=options.batch_window)
         self._batch_lane: BatchLane | None = None
@@ -284,7 +286,7 @@ class Engine:
         grouping for ``batch_window`` with no latency planning, sharing this engine's
         recorder (its requests billed at the flex price)."""
         if self._flex is None:
-            spec, options = self.spec, self.options
+            spec, options = self.deferred, self.options
             flex_spec = dataclasses.replace(
                 spec,
                 provider=FlexProvider(spec.provider),
@@ -306,7 +308,7 @@ class Engine:
             store = given if isinstance(given, JobStore) else JobStore(given)
             lines = StatisticsListener(self.recorder, self.footprint, lane="batch")
             self._batch_lane = BatchLane(
-                self.spec,
+                self.deferred,
                 store,
                 window=self.options.batch_window,
                 per_line=self.options.max_items,
@@ -364,6 +366,25 @@ class Engine:
             f"{option_changes(self.options)}: {self.recorder.summary(waiting)},"
             f" groups up to {limit}, answers {'stream early' if early else 'held'}>"
         )
+
+
+def _deferred(spec: FunctionSpec, client: Any) -> FunctionSpec:
+    """The function as the deferred lanes ask it: through ``client`` if given (the same
+    provider's SDK, with its own API key), else through the function's own.
+
+    Raises:
+        ConfigurationError: ``client`` is not a client of the function's provider.
+    """
+    if client is None:
+        return spec
+    provider = as_provider(client)
+    ours, theirs = (getattr(p, "batch_api", None) for p in (spec.provider, provider))
+    if ours is None or theirs != ours:
+        raise ConfigurationError(
+            f"batch_client= must be an async client of the same provider as client= ({ours}),"
+            f" for its batch API; got {client!r}"
+        )
+    return dataclasses.replace(spec, provider=provider)
 
 
 def offered_lanes(spec: FunctionSpec) -> frozenset[Lane]:

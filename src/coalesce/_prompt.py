@@ -178,14 +178,14 @@ def prompt(
     lane: Literal["auto", "realtime", "flex", "batch"] = "auto",
     store: Any = None,
     batch_window: float = 60.0,
+    batch_client: Any = None,
     **request_options: Any,
 ) -> Callable[[Callable[P, Awaitable[Out]]], PromptFunction[P, Out]]:
     """Turn ``async def f(<item params>) -> Out`` into an LLM call that coalesces.
 
     Docstring = instructions, arguments = item, return annotation = output type.
     Args:
-        client: An ``AsyncOpenAI``, an ``AsyncAnthropic``, a Provider or an async callable.
-        model: The model name.
+        client, model: An ``AsyncOpenAI``, ``AsyncAnthropic``, Provider or async callable; the model.
         instructions: The shared instructions (default: the docstring).
         max_wait, max_items: Longest wait for company (0.05 s); items per request (8).
         max_concurrency: Most requests in flight at once (default: no limit).
@@ -202,8 +202,8 @@ def prompt(
         timeout: Longest one request attempt may run, in s (default: budget, or 60).
         context_window, schema_enforced: The model's window; whether replies follow the schema.
         packing: ``"auto"``: pack only where it costs less than plain calls; ``"always"``.
-        lane: ``"auto"`` (a budget of a day or more: the batch API), ``"realtime"``, ``"batch"``.
-        store: The batch lane's job store path; batch_window: its window (60 s).
+        lane: ``"auto"`` (by budget: minutes flex, a day batch), ``"realtime"``, ``"flex"``, ``"batch"``.
+        store, batch_window, batch_client: Job store path; deferred lanes' window (60 s), client.
         **request_options: Passed to the provider (``temperature=0``...); not misspellings.
 
     Raises:

@@ -103,6 +103,8 @@ class Options:
         store: The batch lane's job store: a path, a ``JobStore`` or ``None`` (the
             per-user default).
         batch_window: Seconds a batch-lane call waits for others before their job goes.
+        batch_client: The client of the deferred lanes (batch, flex), for example with an
+            API key of its own; ``None``: the function's client.
     """
 
     max_wait: float = DEFAULT_MAX_WAIT
@@ -126,6 +128,7 @@ class Options:
     lane: str = "auto"
     store: Any = None
     batch_window: float = 60.0
+    batch_client: Any = None
 
     def __post_init__(self) -> None:
         check_seconds("max_wait", self.max_wait)
