@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import coalesce
 from coalesce._lanes.lane import line_sizes
+from coalesce._lanes.lines import BatchLimits
 from coalesce._lanes.results import plain_reading
 from coalesce._lanes.store import JobStore
 from coalesce.testing import BatchTiming, FlexProcessing, SimulatedProvider, expected_output
@@ -164,34 +165,47 @@ async def test_a_stored_result_the_function_finds_invalid_is_asked_again(tmp_pat
     assert len(sim.batch_submissions) == 2
 
 
+#: Slow lines: a batch of many lines stays enqueued for a long (virtual) while.
+SLOW = BatchTiming(validating=10, per_request=10, finalizing=5, cancelling=2)
+
+
+async def batch_tokens(api: str, store: Path, texts: list[str], **options: Any) -> int:
+    """The prompt tokens the enqueued-token limit counts for these calls' job."""
+    probe = SimulatedProvider(batches=TIMING)
+    fn = summariser(client_for(probe, api), store, lane="batch", **options)
+    await ask_all(fn, texts)
+    await fn.aclose()
+    return sum(record.prompt_tokens for record in probe.requests)
+
+
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 async def test_a_create_over_the_enqueued_token_limit_waits_for_the_queue(
     tmp_path: Path, api: str
 ) -> None:
-    probe = SimulatedProvider(batches=TIMING)
-    one = summariser(client_for(probe, api), tmp_path / "probe.db", lane="batch")
-    await ask_all(one, ["t0", "t1"])
-    await one.aclose()
-    tokens = sum(r.prompt_tokens for r in probe.requests)
-    # Room for one window's job at a time: the second waits for the first to finish.
-    sim = SimulatedProvider(batches=TIMING, enqueued_token_limit=tokens * 3 // 2)
-    fn = summariser(client_for(sim, api), tmp_path / "jobs.db", lane="batch", batch_window=1.0)
+    early = [f"early {i}" for i in range(50)]  # 50 plain lines: enqueued for ~500 s
+    late = ["late 0", "late 1"]
+    tokens = await batch_tokens(api, tmp_path / "p1.db", early, max_items=1)
+    tokens += await batch_tokens(api, tmp_path / "p2.db", late)
+    sim = SimulatedProvider(batches=SLOW, enqueued_token_limit=tokens - 1)  # not both
+    first = summariser(client_for(sim, api), tmp_path / "a.db", lane="batch", max_items=1)
+    second = summariser(client_for(sim, api), tmp_path / "b.db", lane="batch")
     answers: dict[str, str] = {}
 
-    async def later(texts: list[str], delay: float) -> None:
-        await anyio.sleep(delay)
+    async def run(fn: Any, texts: list[str]) -> None:
         answers.update(await ask_all(fn, texts))
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(later, ["t0", "t1"], 0.0)
-        tg.start_soon(later, ["u0", "u1"], 5.0)  # a second window, while the first runs
-    await fn.aclose()
-    assert answers == {t: expected_output(t) for t in ["t0", "t1", "u0", "u1"]}
+        tg.start_soon(run, first, early)
+        while not sim.batch_submissions:  # noqa: ASYNC110 (the simulator has no event)
+            await anyio.sleep(0.5)
+        tg.start_soon(run, second, late)  # created while the early job holds the queue
+    await first.aclose()
+    await second.aclose()
+    assert answers == {t: expected_output(t) for t in early + late}
     accepted = [s for s in sim.batch_submissions if not s.failed]
-    assert len(accepted) == 2
-    if api == "openai":  # refused at validation, then created again
-        assert any(s.failed for s in sim.batch_submissions)
-    assert fn.statistics().calls_failed == 0
+    assert [s.items for s in accepted] == [50, 2]
+    assert accepted[1].created_at >= accepted[0].created_at + 500  # after the queue drained
+    assert second.statistics().calls_failed == 0
 
 
 async def test_batch_client_sends_the_deferred_lanes_with_its_own_key(tmp_path: Path) -> None:
@@ -219,3 +233,58 @@ def test_batch_client_must_be_the_same_providers(tmp_path: Path) -> None:
     sim = SimulatedProvider()
     with pytest.raises(coalesce.ConfigurationError, match=r"batch_client= must be .* \(openai\)"):
         summariser(sim.openai_client(), tmp_path / "j.db", batch_client=sim.anthropic_client())
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+async def test_items_a_reply_missed_are_asked_again_in_a_follow_up_job(
+    tmp_path: Path, api: str
+) -> None:
+    sim = SimulatedProvider(batches=TIMING)
+    sim.inject(["missing_item"])  # the first line's reply leaves one item out
+    fn = summariser(client_for(sim, api), tmp_path / "jobs.db", lane="batch", max_items=4)
+    texts = [f"text {i}" for i in range(8)]
+    assert await ask_all(fn, texts) == {text: expected_output(text) for text in texts}
+    await fn.aclose()
+    first, follow_up = sim.batch_submissions
+    assert first.items == 8
+    assert follow_up.items == 1  # only the missed item, alone: a plain line
+    assert plain_reading(follow_up.custom_ids[0]) is not None
+
+
+async def test_a_reply_that_keeps_missing_an_item_ends_in_its_callers_error(
+    tmp_path: Path,
+) -> None:
+    sim = SimulatedProvider(batches=TIMING)
+    sim.inject(["missing_item"], ["truncate"])
+    fn = summariser(sim.openai_client(), tmp_path / "jobs.db", lane="batch", max_attempts=2)
+    answers: dict[str, Any] = {}
+
+    async def one(text: str) -> None:
+        try:
+            answers[text] = await fn(text)
+        except coalesce.ItemError as exc:
+            answers[text] = exc
+
+    async with anyio.create_task_group() as tg:
+        for text in ["a", "b"]:
+            tg.start_soon(one, text)
+    await fn.aclose()
+    errors = [value for value in answers.values() if isinstance(value, coalesce.ItemError)]
+    assert len(errors) == 1  # the other caller got its own answer
+    assert "after 2 jobs" in str(errors[0])
+    assert len(sim.batch_submissions) == 2
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+async def test_a_window_over_the_providers_limits_goes_as_several_jobs(
+    tmp_path: Path, api: str
+) -> None:
+    sim = SimulatedProvider(batches=TIMING)
+    fn = summariser(client_for(sim, api), tmp_path / "jobs.db", lane="batch", max_items=2)
+    fn._engine.batch_lane().limits = BatchLimits(max_lines=3, max_bytes=10**9)
+    texts = [f"text {i}" for i in range(14)]  # 7 lines of 2: jobs of 3, 3 and 1 lines
+    assert await ask_all(fn, texts) == {text: expected_output(text) for text in texts}
+    await fn.aclose()
+    assert sorted(len(s.custom_ids) for s in sim.batch_submissions) == [1, 3, 3]
+    ids = [custom_id for s in sim.batch_submissions for custom_id in s.custom_ids]
+    assert len(set(ids)) == len(ids)

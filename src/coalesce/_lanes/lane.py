@@ -97,6 +97,8 @@ class BatchLane:
         self.kind = str(getattr(spec.provider, "batch_api", ""))
         self.client: Any = getattr(spec.provider, "client", None)
         self.runner: ModuleType = openai_jobs if self.kind == "openai" else anthropic_jobs
+        #: How much one job may carry (a window with more is sent as several jobs).
+        self.limits = OPENAI_LIMITS if self.kind == "openai" else ANTHROPIC_LIMITS
         self._attaching = anyio.Lock()
         self._attached = False
         self.batcher: Batcher[ItemRow, Any] = Batcher(
@@ -138,12 +140,14 @@ class BatchLane:
     async def _run(self, rows: list[ItemRow], resolve: Resolve) -> None:
         await anyio.to_thread.run_sync(self.store.add_items, rows)
         await self._attach()
-        for _ in range(self.max_attempts):
+        for attempt in range(1, self.max_attempts + 1):
             pending = await self._pending(rows)
             if not pending:
                 break
-            for job in await anyio.to_thread.run_sync(self._plan, pending):
-                await self._finish(job)
+            jobs = await anyio.to_thread.run_sync(self._plan, pending)
+            async with anyio.create_task_group() as tg:  # chunks of one window run together
+                for job in jobs:
+                    tg.start_soon(self._finish, job, attempt < self.max_attempts)
         await self._answer(rows, resolve)
 
     async def _attach(self) -> None:
@@ -157,12 +161,15 @@ class BatchLane:
                     await self._account(job_id, outcome)
                 self._attached = True
 
-    async def _finish(self, job: Job) -> None:
-        """Submit ``job``, wait for it, record its results."""
+    async def _finish(self, job: Job, again: bool) -> None:
+        """Submit ``job``, wait for it, record its results; with ``again``, items its
+        replies answered invalidly (or not at all) go to the follow-up job."""
         batch_id = await self.runner.submit(self.store, self.client, job, self.poll)
         batch = await self.runner.wait(self.client, batch_id, self.poll)
         outcome = await self.runner.collect(self.store, self.client, job, batch, self.spec.validate)
         await self._account(job.id, outcome)
+        if again and outcome.invalid:
+            await anyio.to_thread.run_sync(self.store.retry_items, outcome.invalid)
 
     async def _account(self, job_id: str, outcome: JobOutcome) -> None:
         """Count a collected job's lines in the statistics; record its cost in the store."""
@@ -187,7 +194,7 @@ class BatchLane:
         for size in line_sizes(len(rows), self.per_line, self.pays_from()):
             lines.append(self._line(rows[start : start + size]))
             start += size
-        limits = OPENAI_LIMITS if self.kind == "openai" else ANTHROPIC_LIMITS
+        limits = self.limits
         by_id = {line.custom_id: line for line in lines}
         return [
             self.store.plan_job(

@@ -66,6 +66,9 @@ class JobOutcome:
     results: dict[str, Any] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)
     released: list[str] = field(default_factory=list)
+    #: Items a reply answered with an invalid output, or not at all (worth asking again,
+    #: unlike the items of a line the provider refused).
+    invalid: list[str] = field(default_factory=list)
     #: Per line with a reply: how many items it carried and its tokens.
     usage: list[tuple[int, Usage]] = field(default_factory=list)
 
@@ -93,6 +96,8 @@ async def settle_lines(
             into.released += await anyio.to_thread.run_sync(store.expire_line, line.custom_id)
             continue
         results, failures = _answers(line, outcome, validate, into)
+        if outcome.status == "ok":
+            into.invalid += failures
         answers.append((line.custom_id, results, failures))
         into.results.update(results)
         into.failures.update(failures)

@@ -219,6 +219,17 @@ class JobStore:
                 (self._clock(), key),
             )
 
+    def retry_items(self, keys: Sequence[str]) -> None:
+        """Send ``failed`` items back to ``pending`` for a follow-up job, keeping why
+        they failed (a reply answered them invalidly). Durable when it returns."""
+        with self._write() as cur:
+            now = self._clock()
+            cur.executemany(
+                "UPDATE items SET state = 'pending', line = NULL, updated_at = ?"
+                " WHERE key = ? AND state = 'failed'",
+                [(now, key) for key in keys],
+            )
+
     def pending_items(
         self, function: str | None = None, *, include_failed: bool = False
     ) -> list[StoredItem]:
