@@ -39,8 +39,10 @@ from ._prompt_stats import (
     PromptStatistics,
     RequestEvent,
     RetryEvent,
+    ShadowEvent,
     UnmeetableEvent,
 )
+from ._shadow import Agreement
 from ._stats import BatcherStatistics
 from ._wrap import CoalescedClient, wrap
 
@@ -52,6 +54,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
 __all__ = [
     "DEFAULT_PRICES",
     "LANE_PRICE",
+    "Agreement",
     "BatchError",
     "BatchMethod",
     "Batcher",
@@ -84,6 +87,7 @@ __all__ = [
     "RequestTimeoutError",
     "ResultCountError",
     "RetryEvent",
+    "ShadowEvent",
     "TiktokenEstimator",
     "TokenEstimator",
     "TruncatedOutputError",

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ._exceptions import InvalidInputError
@@ -317,16 +317,27 @@ class ContextPolicy:
     Args:
         admission: Knows the window and each admitted call's token plan.
         inner: The policy it composes with, or ``None``.
+        cap: The most items a window may hold now (the shadow guard's group cap), if
+            it can be lower than the batcher's ``max_items``.
     """
 
-    def __init__(self, admission: Admission, inner: DispatchPolicy[Job] | None = None) -> None:
+    def __init__(
+        self,
+        admission: Admission,
+        inner: DispatchPolicy[Job] | None = None,
+        cap: Callable[[], int] | None = None,
+    ) -> None:
         self.admission = admission
         self.inner = inner
+        self.cap = cap
 
     def before_add(self, members: Sequence[Job], item: Job, now: float) -> DispatchReason | None:
-        """``TOKENS`` if ``item`` would not fit with ``members`` (``SOLO`` if ``inner``
-        sends it alone anyway); else ``inner``'s answer."""
+        """``FULL`` if the window holds the cap already; ``TOKENS`` if ``item`` would not
+        fit with ``members`` (``SOLO`` if ``inner`` sends it alone anyway); else
+        ``inner``'s answer."""
         inner = self.inner
+        if members and self.cap is not None and len(members) >= self.cap():
+            return DispatchReason.FULL
         if members and self.admission.overflows([*members, item]):
             if inner is not None and inner.before_add((), item, now) is DispatchReason.SOLO:
                 return DispatchReason.SOLO
@@ -334,7 +345,10 @@ class ContextPolicy:
         return None if inner is None else inner.before_add(members, item, now)
 
     def after_add(self, members: Sequence[Job], now: float) -> Due | None:
-        """``inner``'s due time (``None`` without one: the window's ``max_wait``)."""
+        """At once if the window holds the cap; else ``inner``'s due time (``None``
+        without one: the window's ``max_wait``)."""
+        if self.cap is not None and len(members) >= self.cap():
+            return Due(now, DispatchReason.FULL)
         return None if self.inner is None else self.inner.after_add(members, now)
 
     def __repr__(self) -> str:

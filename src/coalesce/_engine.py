@@ -47,7 +47,8 @@ from ._planning.tokens import TokenEstimator, bounded_output_tokens, estimator_f
 from ._policy import DispatchReason
 from ._pricing import PromptCache
 from ._prompt_stats import PromptRecorder, PromptStatistics
-from ._report import GroupObserver, Job, Observers
+from ._report import GroupObserver, Job, Observers, RequestReport, Retry
+from ._shadow import ShadowGuard
 from ._spec import FunctionSpec, Options, keyed_replies
 from ._stats import BatcherStatistics
 from ._trust import SchemaTrust, declared_enforcement
@@ -136,16 +137,28 @@ class Engine:
         self._group = Group(
             spec, options, observer, self.planning, self.trust, self.cost, cache_key(spec)
         )
-        self.batcher: Batcher[Job, Any] = Batcher(
+        self.shadow = _shadow_guard(options)
+        self.recorder.shadow, self.recorder.max_items = self.shadow, options.max_items
+        # A shadow call: one item, asked as a plain call, counted apart.
+        self._shadow_group = Group(
+            spec, options, _ShadowListener(self.recorder), None, self.trust, None, cache_key(spec)
+        )
+        self.batcher: Batcher[Job, Any] = self._new_batcher()
+
+    def _new_batcher(self) -> Batcher[Job, Any]:
+        options = self.options
+        return Batcher(
             self._run,
             # When no group can pay for its packing, calls go at once, plain.
             max_wait=options.max_wait if self.pays_from is not None else 0.0,
             max_items=options.max_items,
             max_concurrency=options.max_concurrency,
             partition=_partition,
-            name=spec.name,
+            name=self.spec.name,
             policy=ContextPolicy(
-                self.admission, None if self.planning is None else BudgetPolicy(self.planning)
+                self.admission,
+                None if self.planning is None else BudgetPolicy(self.planning),
+                None if self.shadow is None else self._cap,
             ),
             on_dispatch=self._dispatched,
             resolve_early=True,
@@ -339,7 +352,35 @@ class Engine:
         started = anyio.current_time()
         for job in jobs:
             job.dispatched_at = started
-        await run_group(self._group, jobs, resolve)
+        if self.shadow is None:
+            await run_group(self._group, jobs, resolve)
+            return
+        answers: dict[int, Any] = {}
+
+        def keep(index: int, outcome: Any) -> None:
+            answers[index] = outcome
+            resolve(index, outcome)
+
+        await run_group(self._group, jobs, keep)
+        # Every caller has its answer: shadow a sample of the packed ones, after.
+        async with anyio.create_task_group() as tg:
+            for index, answer in answers.items():
+                job = jobs[index]
+                if not isinstance(answer, BaseException) and self.shadow.wants(job.company):
+                    tg.start_soon(self._check, job, answer)
+
+    def _cap(self) -> int:
+        return self.options.max_items if self.shadow is None else self.shadow.cap
+
+    async def _check(self, job: Job, packed: Any) -> None:
+        """Ask ``job``'s item alone and judge the packed answer against it."""
+        assert self.shadow is not None
+        alone = Job(job.item, job.key, math.inf, arrival=anyio.current_time())
+        plain: list[Any] = []
+        await run_group(self._shadow_group, [alone], lambda _, outcome: plain.append(outcome))
+        if plain and not isinstance(plain[0], BaseException):
+            agreed = self.shadow.record(job.company, packed, plain[0])
+            self.recorder.shadow_judged(job.company, agreed, self.shadow.cap)
 
     def _dispatched(self, reason: DispatchReason, jobs: Sequence[Job]) -> None:
         planning, predict, predicted = self.planning, None, None
@@ -366,6 +407,34 @@ class Engine:
             f"{option_changes(self.options)}: {self.recorder.summary(waiting)},"
             f" groups up to {limit}, answers {'stream early' if early else 'held'}>"
         )
+
+
+def _shadow_guard(options: Options) -> ShadowGuard | None:
+    """The function's shadow guard, if it asked for one (``shadow=``) and packs."""
+    if options.shadow <= 0 or options.max_items < 2:
+        return None
+    return ShadowGuard(options.shadow, options.min_agreement, options.max_items, options.agree)
+
+
+class _ShadowListener:
+    """Counts shadow calls apart: their cost is spent, and they save nothing."""
+
+    def __init__(self, recorder: PromptRecorder) -> None:
+        self.recorder = recorder
+
+    def request_sent(self, slots: Any, reask: bool) -> None:
+        """Nothing to count before the reply."""
+
+    def request_done(self, report: RequestReport) -> None:
+        """Count the call and its cost."""
+        completion = report.completion
+        self.recorder.shadow_done(None if completion is None else completion.usage)
+
+    def retrying(self, retry: Retry) -> None:
+        """Retries of shadow calls are not counted."""
+
+    def group_done(self, jobs: Sequence[Job]) -> None:
+        """Nothing to count."""
 
 
 def _deferred(spec: FunctionSpec, client: Any) -> FunctionSpec:

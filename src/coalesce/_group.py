@@ -144,6 +144,8 @@ async def _run_plain(group: Group, jobs: list[Job], resolve: Resolve) -> None:
 async def ask(group: Group, jobs: list[Job], indexes: list[int], resolve: Resolve) -> list[int]:
     """Send one request for ``indexes``; settle what it answers; return what to re-ask."""
     asked = build(group, jobs, indexes)
+    for index in indexes:
+        jobs[index].company = len(asked.slots)
     group.observer.request_sent(
         {i: [jobs[index] for index in members] for i, members in asked.slots.items()},
         asked.reask,

@@ -33,6 +33,7 @@ __all__ = [
     "RequestEvent",
     "RequestLabel",
     "RetryEvent",
+    "ShadowEvent",
     "UnmeetableEvent",
     "logger",
     "option_changes",
@@ -300,8 +301,43 @@ class ContradictionEvent:
         )
 
 
+@dataclass(frozen=True)
+class ShadowEvent:
+    """A packed answer was compared with the answer of the same item asked alone
+    (``shadow=``; the caller keeps the packed one).
+
+    Attributes:
+        function: The decorated function's name.
+        model: The model name.
+        size: Items in the packed request that answered it.
+        agreed: Whether the two answers agreed.
+        cap: The function's group cap after this verdict.
+    """
+
+    function: str
+    model: str
+    size: int
+    agreed: bool
+    cap: int
+
+    def __str__(self) -> str:
+        verdict = "agreed with" if self.agreed else "DIFFERED from"
+        return (
+            f"{self.function}: a packed answer (group of {self.size}) {verdict} the same"
+            f" item asked alone; group cap {self.cap}"
+        )
+
+
 #: Anything passed to an ``on_event`` hook.
-Event = CallEvent | DispatchEvent | RequestEvent | RetryEvent | UnmeetableEvent | ContradictionEvent
+Event = (
+    CallEvent
+    | DispatchEvent
+    | RequestEvent
+    | RetryEvent
+    | UnmeetableEvent
+    | ContradictionEvent
+    | ShadowEvent
+)
 #: An ``on_event`` hook: called synchronously; its exceptions are logged and ignored.
 EventHook = Callable[[Event], None]
 

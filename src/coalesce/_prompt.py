@@ -179,6 +179,9 @@ def prompt(
     store: Any = None,
     batch_window: float = 60.0,
     batch_client: Any = None,
+    shadow: float = 0.0,
+    min_agreement: float = 0.9,
+    agree: Callable[[Any, Any], bool] | None = None,
     **request_options: Any,
 ) -> Callable[[Callable[P, Awaitable[Out]]], PromptFunction[P, Out]]:
     """Turn ``async def f(<item params>) -> Out`` into an LLM call that coalesces.
@@ -187,23 +190,20 @@ def prompt(
     Args:
         client, model: An ``AsyncOpenAI``, ``AsyncAnthropic``, Provider or async callable; the model.
         instructions: The shared instructions (default: the docstring).
-        max_wait, max_items: Longest wait for company (0.05 s); items per request (8).
-        max_concurrency: Most requests in flight at once (default: no limit).
-        latency_budget: Seconds a caller may wait end to end (default: no budget).
-        partition: ``partition(*args, **kwargs) -> key`` (``self`` first on a method).
-        max_attempts, max_retries: Requests per item, retries per request (default 4, 4).
-        max_output_tokens: Cap on each reply's tokens (default: the provider's).
-        stream: Answer each caller as soon as its own output is streamed (default True).
-        dedupe: Identical items in one group share one slot in the prompt.
+        max_wait, max_items, max_concurrency, latency_budget: Longest wait for company (0.05 s);
+            items per request (8); requests in flight (no limit); seconds a caller may wait.
+        partition, max_attempts, max_retries: ``partition(*args, **kwargs) -> key``; tries (4, 4).
+        max_output_tokens, stream, dedupe: Cap on each reply's tokens (default: the
+            provider's); answer as each output streams (True); identical items share a slot.
         expected_output_tokens, latency_prior: What the planner assumes at first.
-        token_estimator: Counts input tokens (``count(text) -> int``; default: tiktoken).
-        prices: A Price for ``model``, or a table consulted before the defaults.
-        on_event: Called with each call, request, dispatch and retry event.
-        timeout: Longest one request attempt may run, in s (default: budget, or 60).
-        context_window, schema_enforced: The model's window; whether replies follow the schema.
-        packing: ``"auto"``: pack only where it costs less than plain calls; ``"always"``.
+        token_estimator, prices: Counts input tokens (tiktoken); a Price or a table of them.
+        on_event, timeout: Called with each event; longest attempt (default: budget, or 60 s).
+        context_window, schema_enforced, packing: The model's window; whether replies follow
+            the schema; ``"auto"``: pack only where cheaper than plain calls, or ``"always"``.
         lane: ``"auto"`` (by budget: minutes flex, a day batch), ``"realtime"``, ``"flex"``, ``"batch"``.
         store, batch_window, batch_client: Job store path; deferred lanes' window (60 s), client.
+        shadow, min_agreement, agree: Fraction of packed items also asked alone; agreement
+            under which the group cap comes down (0.9); ``agree(a, b)`` (default ``==``).
         **request_options: Passed to the provider (``temperature=0``...); not misspellings.
 
     Raises:

@@ -28,11 +28,13 @@ from ._log import (
     RequestEvent,
     RequestLabel,
     RetryEvent,
+    ShadowEvent,
     UnmeetableEvent,
     logger,
 )
 from ._pricing import LANE_PRICE, Price, cost, price_for
 from ._quantile import WindowQuantile
+from ._shadow import Agreement, ShadowGuard
 from .providers import Usage
 
 __all__ = [
@@ -45,6 +47,7 @@ __all__ = [
     "PromptStatistics",
     "RequestEvent",
     "RetryEvent",
+    "ShadowEvent",
     "UnmeetableEvent",
 ]
 
@@ -145,6 +148,18 @@ class PromptStatistics(NamedTuple):
     #: Calls sent to flex processing that it refused for lack of capacity (429
     #: ``resource_unavailable``) and that real time answered instead.
     flex_fallbacks: int = 0
+    #: Plain calls made to check packed answers (``shadow=``), and their estimated
+    #: dollars (included in ``estimated_cost``, not in the one-per-item baseline).
+    shadow_requests: int = 0
+    #: See ``shadow_requests``.
+    shadow_cost: float = 0.0
+    #: Per group size, how often the packed answer agreed with the same item asked
+    #: alone, with a 95% interval (:class:`~coalesce.Agreement`); empty without
+    #: ``shadow=``.
+    agreement_by_size: Mapping[int, Agreement] = MappingProxyType({})
+    #: The most items a request may carry now: ``max_items``, or lower where the
+    #: shadow calls found packed answers disagreeing with plain ones.
+    group_cap: int | None = None
 
 
 class PromptRecorder:
@@ -194,6 +209,11 @@ class PromptRecorder:
         self._in_flight = self._contradictions = self._groups = self._fallbacks = 0
         self._lane_calls: Counter[str] = Counter()
         self._lane_cost: dict[str, float] = {}
+        self._shadow_requests, self._shadow_cost = 0, 0.0
+        #: Set by the engine when it shadows (see PromptStatistics.agreement_by_size).
+        self.shadow: ShadowGuard | None = None
+        #: Set by the engine: its ``max_items``.
+        self.max_items: int | None = None
         #: Set by the engine from its cost decision (see PromptStatistics).
         self.smallest_paying_group: int | None = 2
 
@@ -434,7 +454,34 @@ class PromptRecorder:
                 {lane: spent if known else math.nan for lane, spent in self._lane_cost.items()}
             ),
             flex_fallbacks=self._fallbacks,
+            shadow_requests=self._shadow_requests,
+            shadow_cost=self._shadow_cost if known else math.nan,
+            agreement_by_size=MappingProxyType(
+                {} if self.shadow is None else self.shadow.agreement()
+            ),
+            group_cap=self.max_items if self.shadow is None else self.shadow.cap,
         )
+
+    def shadow_done(self, usage: Usage | None) -> None:
+        """Record a shadow call's reply: its cost is spent, and no saving."""
+        self._shadow_requests += 1
+        if usage is not None and self.price is not None:
+            spent = cost(
+                usage.input_tokens,
+                usage.output_tokens,
+                self.price,
+                cached_input_tokens=usage.cached_input_tokens,
+                cache_write_tokens=usage.cache_write_tokens,
+            )
+            self._shadow_cost += spent
+            self._cost += spent
+            self._lane_cost["realtime"] = self._lane_cost.get("realtime", 0.0) + spent
+
+    def shadow_judged(self, size: int, agreed: bool, cap: int) -> None:
+        """Record a shadow verdict (see :class:`ShadowEvent`)."""
+        level = logging.DEBUG if agreed else logging.INFO
+        if self._on_event is not None or logger.isEnabledFor(level):
+            self._emit(ShadowEvent(self.function, self.model, size, agreed, cap), level)
 
     def fell_back(self) -> None:
         """Record a call that flex processing refused and real time answered."""

@@ -47,6 +47,7 @@ class Job:
         requests: The requests that carried it, in order: each the provider's reply id
             when it gave one, else the request's local number (``"#12"``).
         lane: The lane that answered it (``"realtime"``, or ``"flex"``).
+        company: Items in the last request that carried it (1: a plain call).
     """
 
     item: Any
@@ -68,6 +69,7 @@ class Job:
     predicted: float | None = None
     requests: list[str] = field(default_factory=list)
     lane: str = "realtime"
+    company: int = 0
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,11 @@ class Options:
         batch_window: Seconds a batch-lane call waits for others before their job goes.
         batch_client: The client of the deferred lanes (batch, flex), for example with an
             API key of its own; ``None``: the function's client.
+        shadow: Fraction of the packed items also asked alone, to check that packing
+            keeps the answers (see :mod:`coalesce._shadow`); 0: none.
+        min_agreement: Agreement between packed and plain answers under which a group
+            size is judged too large and the group cap comes down.
+        agree: ``agree(packed, plain) -> bool`` for the shadow check (default: equality).
     """
 
     max_wait: float = DEFAULT_MAX_WAIT
@@ -129,6 +134,9 @@ class Options:
     store: Any = None
     batch_window: float = 60.0
     batch_client: Any = None
+    shadow: float = 0.0
+    min_agreement: float = 0.9
+    agree: Callable[[Any, Any], bool] | None = None
 
     def __post_init__(self) -> None:
         check_seconds("max_wait", self.max_wait)
@@ -143,6 +151,22 @@ class Options:
         check_seconds("timeout", self.timeout, positive=True, optional=True)
         check_int("context_window", self.context_window, optional=True)
         check_seconds("batch_window", self.batch_window)
+        check_callable("agree", self.agree)
+        for name in ("shadow", "min_agreement"):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not 0 <= value <= 1
+            ):
+                raise ConfigurationError(
+                    f"{name} must be a fraction from 0 to 1, got {value!r}"
+                    + (
+                        " (shadow=0.02 asks 2% of packed items again alone)"
+                        if name == "shadow"
+                        else ""
+                    )
+                )
         _check_kinds(self)
 
     def replace(self, **changes: Any) -> Options:

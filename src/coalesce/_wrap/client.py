@@ -337,6 +337,9 @@ def _kind(client: Any) -> tuple[Provider, str]:
 
 
 _OPTION_NAMES = (
+    "shadow",
+    "min_agreement",
+    "agree",
     "max_wait",
     "max_items",
     "max_concurrency",
@@ -381,37 +384,39 @@ def wrap(
     latency_prior: LatencyPrior | None = None,
     prices: Price | Mapping[str, Price] | None = None,
     on_event: EventHook | None = None,
+    shadow: float = 0.0,
+    min_agreement: float = 0.9,
+    agree: Callable[[Any, Any], bool] | None = None,
 ) -> C:
     """Wrap an ``openai.AsyncOpenAI`` or ``anthropic.AsyncAnthropic`` so compatible calls coalesce.
 
     The result is typed as the client: code written for the client runs unchanged.
 
     Args:
-        client: The SDK client.
-        max_wait: Longest a call waits for company, in seconds (default 0.05).
+        client, max_wait: The SDK client; longest a call waits for company (0.05 s).
         max_items: Most items per request (default 8).
         max_concurrency: Most coalesced requests in flight at once (default: no limit).
         latency_budget: Seconds a coalesced call may wait end to end (default: none).
         partition: ``partition(kwargs) -> key``, called with each coalesced call's
             keyword arguments (a read-only mapping): calls with different keys never
             share a prompt (see ``docs/isolation.md``).
-        max_attempts: Requests that may carry one item, re-asks included (default 4).
-        max_retries: Retries of a failed request (default: the client's ``max_retries``).
+        max_attempts, max_retries: Requests that may carry one item, re-asks included
+            (default 4); retries of a failed request (default: the client's).
         max_output_tokens: Cap on a packed reply's tokens (default: each call's own cap
             times ``max_items``, or the provider's default).
-        timeout: Longest one request attempt may run, in seconds (default: bounded by
-            the callers' budget when there is one, else 60 s).
-        context_window: The model's context window in tokens (default: from the table
-            of known models, then learned from the provider's context-length errors).
+        timeout: Longest one request attempt may run, in s (default: the budget, or 60).
+        context_window: The model's context window in tokens (default: known, or learned).
         schema_enforced: Whether the provider holds every reply to the reply schema
             (default: as the provider declares); if not, streamed answers are held
             until the reply can no longer contradict them.
         packing: ``"auto"`` coalesces a kind of call only where a packed request costs
             less than plain calls (otherwise the calls pass through to the client,
             unchanged); ``"always"`` packs every group of two or more.
-        latency_prior: What the planner assumes of the provider before measuring it.
-        prices: Prices for the statistics' cost estimates (see :func:`~coalesce.price_for`).
+        latency_prior, prices: What the planner assumes of the provider before measuring
+            it; prices for the statistics' cost estimates (see :func:`~coalesce.price_for`).
         on_event: Called with each call, request, dispatch and retry event.
+        shadow, min_agreement, agree: Fraction of packed items also asked alone (0); the
+            agreement under which the group cap comes down (0.9); ``agree(a, b)`` (``==``).
 
     Raises:
         ConfigurationError: ``client`` is not an async OpenAI or Anthropic client (or is

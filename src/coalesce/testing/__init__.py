@@ -14,6 +14,7 @@ from ._accounting import RequestRecord, SimulatorStatistics
 from ._asgi import SimulatedDisconnect
 from ._batches import BatchSubmission, BatchTiming
 from ._cache import SimulatedPromptCache
+from ._degradation import PackingDegradation, degraded_output
 from ._faults import Fault, FaultPlan
 from ._flex import FlexProcessing
 from ._latency import Delays, LatencyProfile, SimulatedLatency, compute_delays
@@ -36,6 +37,7 @@ __all__ = [
     "LatencyModel",
     "LatencyProfile",
     "LongTail",
+    "PackingDegradation",
     "RateLimit",
     "RateLimits",
     "RequestRecord",
@@ -45,6 +47,7 @@ __all__ = [
     "SimulatedProvider",
     "SimulatorStatistics",
     "compute_delays",
+    "degraded_output",
     "expected_output",
     "item_output_schema",
 ]

@@ -38,6 +38,8 @@ class RequestRecord:
             ``"default"``, ``"flex"`` or ``"priority"``); ``None`` for Anthropic and
             batch lines. A flex request refused for capacity has status 429, this
             tier and the fault ``"resource_unavailable"``.
+        degraded: Of ``items``, the answers a :class:`PackingDegradation` made wrong
+            (0 for a plain request, and for an answer not sent).
     """
 
     api: str
@@ -55,6 +57,7 @@ class RequestRecord:
     cached_tokens: int = 0
     cache_write_tokens: int = 0
     service_tier: str | None = None
+    degraded: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """Return the record as a JSON-able dict."""
@@ -74,6 +77,7 @@ class SimulatorStatistics(NamedTuple):
         errors: Responses with a status of 400 or more.
         cached_tokens: Prompt tokens read from the prompt cache.
         cache_write_tokens: Prompt tokens written to the prompt cache.
+        degraded: Answers a :class:`PackingDegradation` made wrong.
     """
 
     requests: int
@@ -85,6 +89,7 @@ class SimulatorStatistics(NamedTuple):
     errors: int
     cached_tokens: int = 0
     cache_write_tokens: int = 0
+    degraded: int = 0
 
     def as_dict(self) -> dict[str, int]:
         """Return the totals as a JSON-able dict."""
@@ -130,4 +135,5 @@ class Ledger:
             errors=sum(r.status >= 400 for r in records),
             cached_tokens=sum(r.cached_tokens for r in records),
             cache_write_tokens=sum(r.cache_write_tokens for r in records),
+            degraded=sum(r.degraded for r in records),
         )

@@ -69,7 +69,7 @@ def answer_line(
             completion_tokens=answer.completion_tokens if status == 200 else 0, status=status,
             faults=tuple(sorted(f.value for f in faults_seen)), started_at=now,
             finished_at=finish, batch_id=batch_id, cached_tokens=cache.read,
-            cache_write_tokens=cache.written,
+            cache_write_tokens=cache.written, degraded=answer.degraded if status == 200 else 0,
         )
     )  # fmt: skip
     if error is not None:

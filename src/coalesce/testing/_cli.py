@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from coalesce._exceptions import ConfigurationError
 
 from ._config import load_config, provider_options
+from ._degradation import PackingDegradation
 from ._provider import SimulatedProvider
 
 __all__ = ["build_parser", "main"]
@@ -39,7 +40,43 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="simulate no prompt caching (default: as the providers cache)",
     )
+    parser.add_argument(
+        "--degradation",
+        type=_degradation,
+        metavar="KEY=VALUE,...",
+        help="degrade packed answers, e.g. per_extra_item=0.02,per_position=0.01,free_items=4"
+        " (keys: base, per_extra_item, per_position, free_items, seed); overrides the"
+        " configuration's degradation",
+    )
     return parser
+
+
+#: The keys of ``--degradation`` and how each value is read.
+_DEGRADATION_KEYS: dict[str, type[float] | type[int]] = {
+    "base": float,
+    "per_extra_item": float,
+    "per_position": float,
+    "free_items": int,
+    "seed": int,
+}
+
+
+def _degradation(text: str) -> dict[str, float]:
+    """``key=value`` pairs of :class:`PackingDegradation`, separated by commas (the
+    values are checked when it is built)."""
+    options: dict[str, float] = {}
+    for pair in filter(None, (p.strip() for p in text.split(","))):
+        key, _, value = (part.strip() for part in pair.partition("="))
+        kind = _DEGRADATION_KEYS.get(key)
+        if kind is None:
+            known = ", ".join(_DEGRADATION_KEYS)
+            raise argparse.ArgumentTypeError(f"unknown key {key!r} in {text!r}; use {known}")
+        try:
+            options[key] = kind(value)
+        except ValueError:
+            noun = "a whole number" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"{key} must be {noun}, got {value!r}") from None
+    return options
 
 
 def _port(text: str) -> int:
@@ -77,6 +114,8 @@ def _provider(args: argparse.Namespace) -> SimulatedProvider:
         options["seed"] = args.seed
     if args.no_prompt_cache:
         options["prompt_cache"] = False
+    if args.degradation is not None:
+        options["degradation"] = PackingDegradation(**args.degradation)
     return SimulatedProvider(**options)
 
 

@@ -13,6 +13,7 @@ from coalesce._exceptions import ConfigurationError
 
 from ._batches import BatchTiming
 from ._cache import SimulatedPromptCache
+from ._degradation import PackingDegradation
 from ._faults import FaultPlan
 from ._flex import FlexProcessing
 from ._latency import LatencyProfile, SimulatedLatency
@@ -33,6 +34,7 @@ _TOP_KEYS = {
     "prompt_cache",
     "flex",
     "enqueued_token_limit",
+    "degradation",
 }
 
 
@@ -140,6 +142,8 @@ def provider_options(config: Mapping[str, Any]) -> dict[str, Any]:
         options["flex"] = _build(FlexProcessing, config["flex"], "flex")
     if "enqueued_token_limit" in config:
         options["enqueued_token_limit"] = config["enqueued_token_limit"]  # checked by the provider
+    if "degradation" in config:
+        options["degradation"] = _build(PackingDegradation, config["degradation"], "degradation")
     if "prompt_cache" in config:
         options["prompt_cache"] = _prompt_cache(config["prompt_cache"])
     return options

@@ -18,6 +18,7 @@ from typing import Any
 from coalesce._planning.tokens import count_tokens
 
 from ._cache import CacheRequest
+from ._degradation import PackingDegradation, degrade_results
 from ._faults import ITEM_FAULTS, Fault, damage_results, damage_text
 from ._length import OutputTokens, target_tokens
 from ._model import expected_output
@@ -88,6 +89,7 @@ class Answer:
         completion_tokens: Tokens of ``text``.
         items: Items answered (packed items, or 1).
         faults: The faults that changed the answer.
+        degraded: Of ``items``, the answers a :class:`PackingDegradation` made wrong.
     """
 
     text: str
@@ -96,6 +98,7 @@ class Answer:
     completion_tokens: int
     items: int
     faults: frozenset[Fault]
+    degraded: int = 0
 
 
 @dataclass(frozen=True)
@@ -132,10 +135,14 @@ def prompt_tokens(prompt: Prompt, count: Counter) -> int:
 
 
 def _packed_results(
-    items: list[PackedItem], schema: Mapping[str, Any] | None, lengths: OutputTokens
-) -> list[dict[str, Any]]:
+    items: list[PackedItem],
+    schema: Mapping[str, Any] | None,
+    lengths: OutputTokens,
+    degradation: PackingDegradation | None,
+) -> tuple[list[dict[str, Any]], int]:
+    """Each item's answer, and how many of them ``degradation`` made wrong."""
     item_schema = item_output_schema(schema) if schema is not None else None
-    return [
+    results = [
         {
             "id": item.id,
             "output": expected_output(
@@ -144,6 +151,8 @@ def _packed_results(
         }
         for item in items
     ]
+    inputs = [item.input for item in items]
+    return degrade_results(results, inputs, item_schema, degradation, lengths)
 
 
 def _write_results(
@@ -239,6 +248,7 @@ def compose(
     lengths: OutputTokens,
     rng: random.Random,
     count: Counter,
+    degradation: PackingDegradation | None = None,
 ) -> Answer:
     """Return the answer to ``prompt`` with ``faults`` applied.
 
@@ -248,6 +258,7 @@ def compose(
         lengths: Target answer length per item.
         rng: Chooses which items the item faults hit.
         count: Counts tokens in the prompt's model.
+        degradation: How packing worsens the answers to packed items (``None``: not).
     """
     items = parse_packed(prompt.user_parts)
     applied: frozenset[Fault] = frozenset()
@@ -255,8 +266,9 @@ def compose(
     # and Anthropic's tool inputs do); asked in the prompt alone, they add spaces.
     compact = (",", ":") if prompt.schema is not None else None
     value: Any
+    degraded = 0
     if items is not None:
-        results = _packed_results(items, prompt.schema, lengths)
+        results, degraded = _packed_results(items, prompt.schema, lengths, degradation)
         if faults & ITEM_FAULTS:
             item_schema = item_output_schema(prompt.schema) if prompt.schema else None
             results, applied = damage_results(results, faults, rng, item_schema)
@@ -283,7 +295,9 @@ def compose(
         tokens = count(text)
         if tool_input is not None:
             tool_input = _salvage(value, len(text))
-    return Answer(text, tool_input, truncated, tokens, len(items or [None]), applied | damaged)
+    return Answer(
+        text, tool_input, truncated, tokens, len(items or [None]), applied | damaged, degraded
+    )
 
 
 def split_pieces(text: str, max_pieces: int = 64, min_words: int = 4) -> list[str]:

@@ -47,11 +47,14 @@ def compose_answer(sim: Simulation, prompt: Prompt, faults: frozenset[Fault]) ->
     """Return the simulated model's answer to ``prompt`` under ``faults``.
 
     Args:
-        sim: The provider (its answer lengths and fault generator).
+        sim: The provider (its answer lengths, fault generator and degradation).
         prompt: The parsed request.
         faults: The request's faults.
     """
-    return compose(prompt, faults, lengths=sim.output_tokens, rng=sim.faults.rng, count=count_text)
+    return compose(
+        prompt, faults, lengths=sim.output_tokens, rng=sim.faults.rng, count=count_text,
+        degradation=sim.degradation,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class _Turn:
                 service_tier=self.tier,
                 cached_tokens=self.ctx.cached_tokens,
                 cache_write_tokens=self.ctx.cache_write_tokens,
+                degraded=answer.degraded if answer else 0,
             )
         )  # fmt: skip
 

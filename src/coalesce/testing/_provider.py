@@ -21,6 +21,7 @@ from ._cache_store import PromptCacheStore
 from ._clock import Clock
 from ._config import load_config, provider_options
 from ._context import ContextWindows, check_windows
+from ._degradation import PackingDegradation, degraded_output
 from ._faults import FaultPlan, FaultSource, FaultSpec
 from ._flex import FlexProcessing, FlexSource
 from ._latency import SimulatedLatency
@@ -80,6 +81,10 @@ class SimulatedProvider:
             name (others have none). A create over it fails: OpenAI's batch ends
             ``failed`` with the error ``token_limit_exceeded``, Anthropic's create is
             refused with ``429``. ``None`` (the default): no limit.
+        degradation: How packing worsens answers: each item of a packed request is
+            answered wrongly (:meth:`degraded_output`) with a chance that grows with
+            the group's size and the item's position (see :class:`PackingDegradation`).
+            A plain request is never degraded. ``None`` (the default): never.
 
     Raises:
         ConfigurationError: An option is out of range.
@@ -99,6 +104,7 @@ class SimulatedProvider:
         prompt_cache: SimulatedPromptCache | bool = True,
         flex: FlexProcessing | None = None,
         enqueued_token_limit: ContextWindows = None,
+        degradation: PackingDegradation | None = None,
     ) -> None:
         if not time_scale > 0:
             raise ConfigurationError(f"time_scale must be > 0, got {time_scale}")
@@ -115,6 +121,7 @@ class SimulatedProvider:
         self.prompt_caching = _prompt_caching(prompt_cache)
         self.flex_processing = flex or FlexProcessing()
         self.enqueued_token_limit = check_windows(enqueued_token_limit, "enqueued_token_limit")
+        self.degradation = _degradation(degradation)
         self.clock = Clock()
         self.ledger = Ledger()
         self.reset()
@@ -248,6 +255,20 @@ class SimulatedProvider:
         tokens = target_tokens(self.output_tokens, item_input)
         return expected_output(item_input, schema, output_tokens=tokens)
 
+    def degraded_output(self, item_input: Any, schema: Mapping[str, Any] | None = None) -> Any:
+        """Return the wrong answer this provider gives to ``item_input`` when its
+        :class:`PackingDegradation` hits it.
+
+        Same as :func:`coalesce.testing.degraded_output` with this provider's
+        ``output_tokens``.
+
+        Args:
+            item_input: The item.
+            schema: The JSON schema of one item's output, if any.
+        """
+        tokens = target_tokens(self.output_tokens, item_input)
+        return degraded_output(item_input, schema, output_tokens=tokens)
+
     @contextmanager
     def serve(self, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
         """Serve over real HTTP in a background thread; yield the base URL.
@@ -344,4 +365,13 @@ def _prompt_caching(value: SimulatedPromptCache | bool) -> SimulatedPromptCache 
         return SimulatedPromptCache() if value else None
     raise ConfigurationError(
         f"prompt_cache must be True, False or a SimulatedPromptCache, got {value!r}"
+    )
+
+
+def _degradation(value: PackingDegradation | None) -> PackingDegradation | None:
+    if value is None or isinstance(value, PackingDegradation):
+        return value
+    raise ConfigurationError(
+        f"degradation must be a PackingDegradation or None, got {value!r}; e.g."
+        " degradation=PackingDegradation(per_extra_item=0.02, free_items=4)"
     )

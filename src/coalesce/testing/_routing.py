@@ -18,6 +18,7 @@ from ._batches import BatchStore
 from ._cache_store import PromptCacheStore
 from ._clock import Clock
 from ._context import ContextWindows
+from ._degradation import PackingDegradation
 from ._faults import FaultPlan, FaultSource
 from ._flex import FlexSource
 from ._latency import SimulatedLatency
@@ -44,6 +45,7 @@ class Simulation(Protocol):
     prompt_cache: PromptCacheStore
     flex: FlexSource
     enqueued_token_limit: ContextWindows
+    degradation: PackingDegradation | None
 
     def next_id(self, prefix: str) -> str: ...
     def unique_id(self, prefix: str) -> str: ...
