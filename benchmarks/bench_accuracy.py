@@ -48,7 +48,6 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import anyio
 import openai
@@ -112,11 +111,9 @@ def llama_server(model: Path, *, threads: int, parallel: int, n_ctx: int) -> Ite
     sys.path.insert(0, str(ROOT / "tests"))
     import _llama
 
-    # running_server() serves the SmolLM2 file of the tests; point it at this model.
-    with (
-        mock.patch.object(_llama, "model_path", return_value=str(model)),
-        _llama.running_server(n_ctx=n_ctx, threads=threads, parallel=parallel) as url,
-    ):
+    with _llama.running_server(
+        model=str(model), n_ctx=n_ctx, threads=threads, parallel=parallel
+    ) as url:
         yield url
 
 
@@ -391,9 +388,12 @@ def print_task(task: Task, runs: Sequence[Run]) -> None:
                 a.answer == b.answer for a, b in zip(plain.outcomes, run.outcomes, strict=True)
             )
             print(f"\nk=1 vs plain: the same answer on {same} of {len(task.items)} items.")
-        for note in run.notes + (
-            [] if run.arrival_groups in (None, True) else ["groups did not follow arrival order"]
-        ):
+        notes = list(run.notes)
+        if run.arrival_groups is False:
+            notes.append("groups did not follow arrival order")
+        if run.reasks:
+            notes.append(f"{run.reasks} items asked again (a reply missed or garbled them)")
+        for note in notes:
             print(f"\nNote ({run.config}): {note}.")
     print_positions(task, runs, plain)
 

@@ -143,14 +143,17 @@ def _log_tail(log: IO[str], lines: int = 20) -> str:
 @contextmanager
 def running_server(
     *,
+    model: str | None = None,
     n_ctx: int = 4096,
     threads: int = 0,
     parallel: int = 2,
     timeout: float = STARTUP_TIMEOUT,
 ) -> Iterator[str]:
-    """Run llama.cpp's server with SmolLM2-135M-Instruct on 127.0.0.1.
+    """Run llama.cpp's server with SmolLM2-135M-Instruct (or ``model``) on 127.0.0.1.
 
     Args:
+        model: A GGUF file to serve instead of SmolLM2 (benchmarks/bench_accuracy.py
+            serves Qwen2.5-Coder-0.5B).
         n_ctx: Total context, split evenly between the ``parallel`` slots.
         threads: CPU threads for generation and prompt processing; 0 reads
             ``COALESCE_LLAMA_THREADS`` (default 2). On a 2-core machine busy with other
@@ -167,7 +170,7 @@ def running_server(
         RuntimeError: The server did not come up within ``timeout`` seconds.
     """
     _check_xllamacpp()
-    model = model_path()
+    model = model or model_path()
     numbers = (n_ctx, threads or _default_threads(), parallel)
     args = [sys.executable, "-c", _CHILD, model, *(str(number) for number in numbers)]
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as log:
