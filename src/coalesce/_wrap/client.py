@@ -393,14 +393,14 @@ def wrap(
     The result is typed as the client: code written for the client runs unchanged.
 
     Args:
-        client, max_wait: The SDK client; longest a call waits for company (0.05 s).
+        client: The SDK client. (``max_wait``: longest wait for company, 0.05 s.)
         max_items: Most items per request (default 8).
         max_concurrency: Most coalesced requests in flight at once (default: no limit).
         latency_budget: Seconds a coalesced call may wait end to end (default: none).
         partition: ``partition(kwargs) -> key``, called with each coalesced call's
             keyword arguments (a read-only mapping): calls with different keys never
             share a prompt (see ``docs/isolation.md``).
-        max_attempts, max_retries: Requests that may carry one item, re-asks included
+        max_attempts: (and ``max_retries``) Requests that may carry one item, re-asks included
             (default 4); retries of a failed request (default: the client's).
         max_output_tokens: Cap on a packed reply's tokens (default: each call's own cap
             times ``max_items``, or the provider's default).
@@ -412,10 +412,10 @@ def wrap(
         packing: ``"auto"`` coalesces a kind of call only where a packed request costs
             less than plain calls (otherwise the calls pass through to the client,
             unchanged); ``"always"`` packs every group of two or more.
-        latency_prior, prices: What the planner assumes of the provider before measuring
+        latency_prior: (and ``prices``) What the planner assumes of the provider before measuring
             it; prices for the statistics' cost estimates (see :func:`~coalesce.price_for`).
         on_event: Called with each call, request, dispatch and retry event.
-        shadow, min_agreement, agree: Fraction of packed items also asked alone (0); the
+        shadow: (and ``min_agreement``, ``agree``) Fraction of packed items also asked alone (0); the
             agreement under which the group cap comes down (0.9); ``agree(a, b)`` (``==``).
 
     Raises:
