@@ -158,3 +158,35 @@ async def test_wrap_shadows_packed_calls_too() -> None:
     assert sum(a.total for a in stats.agreement_by_size.values()) == stats.shadow_requests
     assert stats.group_cap is not None
     assert stats.group_cap < 8  # 70% wrong at 8: the cap came down
+
+
+async def test_wrap_reports_every_kind_of_call_of_a_model() -> None:
+    # Two system prompts are two kinds of call, each with its own engine and guard, and
+    # one recorder for the model: its statistics add both guards' verdicts up.
+    sim = SimulatedProvider(degradation=PackingDegradation(per_extra_item=0.1, free_items=1))
+    client = coalesce.wrap(
+        sim.openai_client(), max_items=8, max_wait=1.0, packing="always", shadow=1.0
+    )
+
+    async def one(kind: str, n: int) -> None:
+        await client.chat.completions.create(
+            model="gpt-4o-mini",
+            messages=[
+                {"role": "system", "content": f"{kind} the ticket in a few words. {RULES}"},
+                {"role": "user", "content": f"ticket {n}"},
+            ],
+        )
+
+    for kind in ("Summarise", "Title"):
+        for start in range(0, 48, 8):
+            async with anyio.create_task_group() as tg:
+                for n in range(start, start + 8):
+                    tg.start_soon(one, kind, n)
+    await client.aclose()  # type: ignore[attr-defined]
+    (stats,) = client.statistics().values()  # type: ignore[attr-defined]
+    engines = client._engines._engines.values()  # type: ignore[attr-defined]
+    guards = [engine.shadow for engine in engines]
+    assert len(guards) == 2
+    assert all(guard.agreement() for guard in guards)  # both kinds were shadowed
+    assert sum(a.total for a in stats.agreement_by_size.values()) == stats.shadow_requests
+    assert stats.group_cap == min(guard.cap for guard in guards)

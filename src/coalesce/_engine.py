@@ -138,7 +138,9 @@ class Engine:
             spec, options, observer, self.planning, self.trust, self.cost, cache_key(spec)
         )
         self.shadow = _shadow_guard(options)
-        self.recorder.shadow, self.recorder.max_items = self.shadow, options.max_items
+        self.recorder.max_items = options.max_items
+        if self.shadow is not None:
+            self.recorder.watch(self.shadow)
         # A shadow call: one item, asked as a plain call, counted apart.
         self._shadow_group = Group(
             spec, options, _ShadowListener(self.recorder), None, self.trust, None, cache_key(spec)

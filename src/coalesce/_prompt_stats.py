@@ -34,7 +34,7 @@ from ._log import (
 )
 from ._pricing import LANE_PRICE, Price, cost, price_for
 from ._quantile import WindowQuantile
-from ._shadow import Agreement, ShadowGuard
+from ._shadow import Agreement, ShadowGuard, wilson_interval
 from .providers import Usage
 
 __all__ = [
@@ -155,11 +155,28 @@ class PromptStatistics(NamedTuple):
     shadow_cost: float = 0.0
     #: Per group size, how often the packed answer agreed with the same item asked
     #: alone, with a 95% interval (:class:`~coalesce.Agreement`); empty without
-    #: ``shadow=``.
+    #: ``shadow=``. Under ``wrap``, added up over the model's kinds of call.
     agreement_by_size: Mapping[int, Agreement] = MappingProxyType({})
     #: The most items a request may carry now: ``max_items``, or lower where the
-    #: shadow calls found packed answers disagreeing with plain ones.
+    #: shadow calls found packed answers disagreeing with plain ones (under ``wrap``,
+    #: the lowest of the model's kinds of call).
     group_cap: int | None = None
+
+
+def merged_agreement(guards: Sequence[ShadowGuard]) -> dict[int, Agreement]:
+    """Every guard's verdicts per group size, added up (one guard: its own)."""
+    if len(guards) == 1:
+        return guards[0].agreement()
+    counts: Counter[int] = Counter()
+    totals: Counter[int] = Counter()
+    for guard in guards:
+        for size, agreement in guard.agreement().items():
+            counts[size] += agreement.agreed
+            totals[size] += agreement.total
+    return {
+        size: Agreement(counts[size], total, *wilson_interval(counts[size], total))
+        for size, total in sorted(totals.items())
+    }
 
 
 class PromptRecorder:
@@ -210,8 +227,9 @@ class PromptRecorder:
         self._lane_calls: Counter[str] = Counter()
         self._lane_cost: dict[str, float] = {}
         self._shadow_requests, self._shadow_cost = 0, 0.0
-        #: Set by the engine when it shadows (see PromptStatistics.agreement_by_size).
-        self.shadow: ShadowGuard | None = None
+        #: The guards of the engines that record here and shadow (``wrap`` makes one
+        #: engine per kind of call, all recording into its model's recorder).
+        self._guards: list[ShadowGuard] = []
         #: Set by the engine: its ``max_items``.
         self.max_items: int | None = None
         #: Set by the engine from its cost decision (see PromptStatistics).
@@ -456,11 +474,13 @@ class PromptRecorder:
             flex_fallbacks=self._fallbacks,
             shadow_requests=self._shadow_requests,
             shadow_cost=self._shadow_cost if known else math.nan,
-            agreement_by_size=MappingProxyType(
-                {} if self.shadow is None else self.shadow.agreement()
-            ),
-            group_cap=self.max_items if self.shadow is None else self.shadow.cap,
+            agreement_by_size=MappingProxyType(merged_agreement(self._guards)),
+            group_cap=min((guard.cap for guard in self._guards), default=self.max_items),
         )
+
+    def watch(self, guard: ShadowGuard) -> None:
+        """Report ``guard``'s agreement and cap with this recorder's statistics."""
+        self._guards.append(guard)
 
     def shadow_done(self, usage: Usage | None) -> None:
         """Record a shadow call's reply: its cost is spent, and no saving."""
