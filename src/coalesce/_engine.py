@@ -23,6 +23,7 @@ import warnings
 from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from functools import partial
 from typing import Any
 
 import anyio
@@ -31,7 +32,7 @@ from ._admission import ContextPolicy, admission_for, encode_item
 from ._batcher import Batcher, Resolve
 from ._client import as_provider
 from ._exceptions import CoalesceWarning, ConfigurationError, InvalidInputError
-from ._group import Group, run_group
+from ._group import Group, packs, run_group
 from ._lanes.choose import Lane, LaneTimes, check_lane, choose_lane
 from ._lanes.flex import FLEX_TIMEOUT, FlexProvider, flex_refused, flex_unsupported
 from ._lanes.lane import BatchLane
@@ -53,6 +54,7 @@ from ._spec import FunctionSpec, Options, keyed_replies
 from ._stats import BatcherStatistics
 from ._trust import SchemaTrust, declared_enforcement
 from ._validate import check_seconds
+from ._vote import MISSING, agreed, settled
 
 __all__ = ["DEFAULT_EXPECTED_OUTPUT_TOKENS", "Engine", "budget_override", "latency_budget"]
 
@@ -141,9 +143,17 @@ class Engine:
         self.recorder.max_items = options.max_items
         if self.shadow is not None:
             self.recorder.watch(self.shadow)
-        # A shadow call: one item, asked as a plain call, counted apart.
-        self._shadow_group = Group(
-            spec, options, _ShadowListener(self.recorder), None, self.trust, None, cache_key(spec)
+        # Shadow calls (one item, asked as a plain call) and vote=True's second orders
+        # and settling plain calls: counted apart, they save nothing.
+        self._shadow_group, self._vote_group = (
+            dataclasses.replace(
+                self._group,
+                observer=kind(self.recorder),
+                planning=None,
+                cost=None,
+                reverse=kind is _VoteListener,
+            )
+            for kind in (_ShadowListener, _VoteListener)
         )
         self.batcher: Batcher[Job, Any] = self._new_batcher()
 
@@ -354,8 +364,9 @@ class Engine:
         started = anyio.current_time()
         for job in jobs:
             job.dispatched_at = started
+        ask = self._voted if self.options.vote and packs(self._group, len(jobs)) else None
         if self.shadow is None:
-            await run_group(self._group, jobs, resolve)
+            await (ask or partial(run_group, self._group))(jobs, resolve)
             return
         answers: dict[int, Any] = {}
 
@@ -363,7 +374,7 @@ class Engine:
             answers[index] = outcome
             resolve(index, outcome)
 
-        await run_group(self._group, jobs, keep)
+        await (ask or partial(run_group, self._group))(jobs, keep)
         # Every caller has its answer: shadow a sample of the packed ones, after.
         async with anyio.create_task_group() as tg:
             for index, answer in answers.items():
@@ -373,6 +384,30 @@ class Engine:
 
     def _cap(self) -> int:
         return self.options.max_items if self.shadow is None else self.shadow.cap
+
+    async def _voted(self, jobs: list[Job], resolve: Resolve) -> None:
+        """``vote=True``: ask the group in both orders at once; where the answers
+        differ, ask the item alone (see :mod:`coalesce._vote`)."""
+        twins = [Job(job.item, job.key, job.deadline, arrival=job.arrival) for job in jobs]
+        first: dict[int, Any] = {}
+        second: dict[int, Any] = {}
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run_group, self._group, jobs, first.__setitem__)
+            tg.start_soon(run_group, self._vote_group, twins, second.__setitem__)
+
+        async def settle(index: int) -> None:
+            one, other = first.get(index, MISSING), second.get(index, MISSING)
+            alone: list[Any] = []
+            if agreed(one, other, self.options.agree) is False:
+                job = jobs[index]
+                lone = Job(job.item, job.key, job.deadline, arrival=job.arrival)
+                await run_group(self._vote_group, [lone], lambda _, outcome: alone.append(outcome))
+                self.recorder.vote_settled()
+            resolve(index, settled(one, other, *alone[:1]))
+
+        async with anyio.create_task_group() as tg:
+            for index in range(len(jobs)):
+                tg.start_soon(settle, index)
 
     async def _check(self, job: Job, packed: Any) -> None:
         """Ask ``job``'s item alone and judge the packed answer against it."""
@@ -421,6 +456,8 @@ def _shadow_guard(options: Options) -> ShadowGuard | None:
 class _ShadowListener:
     """Counts shadow calls apart: their cost is spent, and they save nothing."""
 
+    kind = "shadow"
+
     def __init__(self, recorder: PromptRecorder) -> None:
         self.recorder = recorder
 
@@ -430,13 +467,19 @@ class _ShadowListener:
     def request_done(self, report: RequestReport) -> None:
         """Count the call and its cost."""
         completion = report.completion
-        self.recorder.shadow_done(None if completion is None else completion.usage)
+        self.recorder.extra_done(self.kind, None if completion is None else completion.usage)
 
     def retrying(self, retry: Retry) -> None:
         """Retries of shadow calls are not counted."""
 
     def group_done(self, jobs: Sequence[Job]) -> None:
         """Nothing to count."""
+
+
+class _VoteListener(_ShadowListener):
+    """Counts the second order's requests and the settling plain calls apart."""
+
+    kind = "vote"
 
 
 def _deferred(spec: FunctionSpec, client: Any) -> FunctionSpec:

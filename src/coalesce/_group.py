@@ -64,6 +64,7 @@ class Group:
     trust: SchemaTrust = field(default_factory=lambda: SchemaTrust(False))
     cost: PackingCost | None = None  # None: packing always pays
     cache_key: str | None = None
+    reverse: bool = False  # write each request's items in the reverse of the usual order
 
     @property
     def pays_from(self) -> float:
@@ -122,6 +123,11 @@ async def run_group(group: Group, jobs: list[Job], resolve: Resolve) -> None:
         group.observer.group_done(jobs)
 
 
+def packs(group: Group, size: int) -> bool:
+    """Whether :func:`run_group` asks for ``size`` calls in packed requests."""
+    return size > 1 and (size >= group.pays_from or _requests_bind(group))
+
+
 def _requests_bind(group: Group) -> bool:
     planning = group.planning
     return planning is not None and planning.requests_bind(anyio.current_time())
@@ -174,6 +180,8 @@ def build(group: Group, jobs: list[Job], indexes: list[int]) -> Asked:
     for index in indexes:
         slots.setdefault(jobs[index].key if options.dedupe else str(index), []).append(index)
     members = _writing_order(group, jobs, list(slots.values()))
+    if group.reverse:
+        members.reverse()
     pin = pinned(group)
     packed, plain = _request_for(group, [jobs[member[0]].item for member in members], pin)
     reask = any(jobs[index].attempts > 0 for index in indexes)

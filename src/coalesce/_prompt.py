@@ -182,6 +182,7 @@ def prompt(
     shadow: float = 0.0,
     min_agreement: float = 0.9,
     agree: Callable[[Any, Any], bool] | None = None,
+    vote: bool = False,
     **request_options: Any,
 ) -> Callable[[Callable[P, Awaitable[Out]]], PromptFunction[P, Out]]:
     """Turn ``async def f(<item params>) -> Out`` into an LLM call that coalesces.
@@ -202,14 +203,19 @@ def prompt(
             the schema; ``"auto"``: pack only where cheaper than plain calls, or ``"always"``.
         lane: ``"auto"`` (by budget: minutes flex, a day batch), ``"realtime"``, ``"flex"``, ``"batch"``.
         store, batch_window, batch_client: Job store path; deferred lanes' window (60 s), client.
-        shadow, min_agreement, agree: Fraction of packed items also asked alone; agreement
-            under which the group cap comes down (0.9); ``agree(a, b)`` (default ``==``).
+        shadow, min_agreement, agree, vote: Fraction of packed items also asked alone; agreement
+            under which the group cap comes down (0.9); ``agree(a, b)`` (``==``); ask in two orders.
         **request_options: Passed to the provider (``temperature=0``...); not misspellings.
 
     Raises:
         ConfigurationError: A bad or misspelt option, or function (``docs/inputs.md``).
     """
-    options, where = _split_keywords(locals())
+    return _decorator(*_split_keywords(locals()), request_options)
+
+
+def _decorator(
+    options: Options, where: dict[str, Any], request_options: dict[str, Any]
+) -> Callable[[Callable[P, Awaitable[Out]]], PromptFunction[P, Out]]:
     return lambda fn: _decorate(fn, options=options, request_options=request_options, **where)
 
 

@@ -161,6 +161,14 @@ class PromptStatistics(NamedTuple):
     #: shadow calls found packed answers disagreeing with plain ones (under ``wrap``,
     #: the lowest of the model's kinds of call).
     group_cap: int | None = None
+    #: ``vote=True``: the requests asking packed groups again in the reverse order,
+    #: and the plain calls settling the items whose two answers differed; their
+    #: estimated dollars are in ``estimated_cost``, not in the one-per-item baseline.
+    vote_requests: int = 0
+    #: See ``vote_requests``.
+    vote_cost: float = 0.0
+    #: Items whose two orders' answers differed, each settled by a plain call.
+    votes_settled: int = 0
 
 
 def merged_agreement(guards: Sequence[ShadowGuard]) -> dict[int, Agreement]:
@@ -227,6 +235,7 @@ class PromptRecorder:
         self._lane_calls: Counter[str] = Counter()
         self._lane_cost: dict[str, float] = {}
         self._shadow_requests, self._shadow_cost = 0, 0.0
+        self._vote_requests, self._vote_cost, self._vote_settled = 0, 0.0, 0
         #: The guards of the engines that record here and shadow (``wrap`` makes one
         #: engine per kind of call, all recording into its model's recorder).
         self._guards: list[ShadowGuard] = []
@@ -476,15 +485,22 @@ class PromptRecorder:
             shadow_cost=self._shadow_cost if known else math.nan,
             agreement_by_size=MappingProxyType(merged_agreement(self._guards)),
             group_cap=min((guard.cap for guard in self._guards), default=self.max_items),
+            vote_requests=self._vote_requests,
+            vote_cost=self._vote_cost if known else math.nan,
+            votes_settled=self._vote_settled,
         )
 
     def watch(self, guard: ShadowGuard) -> None:
         """Report ``guard``'s agreement and cap with this recorder's statistics."""
         self._guards.append(guard)
 
-    def shadow_done(self, usage: Usage | None) -> None:
-        """Record a shadow call's reply: its cost is spent, and no saving."""
-        self._shadow_requests += 1
+    def extra_done(self, kind: str, usage: Usage | None) -> None:
+        """Record the reply of a request made to check or settle answers (``kind``:
+        ``"shadow"`` or ``"vote"``): its cost is spent, and no saving."""
+        if kind == "vote":
+            self._vote_requests += 1
+        else:
+            self._shadow_requests += 1
         if usage is not None and self.price is not None:
             spent = cost(
                 usage.input_tokens,
@@ -493,9 +509,16 @@ class PromptRecorder:
                 cached_input_tokens=usage.cached_input_tokens,
                 cache_write_tokens=usage.cache_write_tokens,
             )
-            self._shadow_cost += spent
+            if kind == "vote":
+                self._vote_cost += spent
+            else:
+                self._shadow_cost += spent
             self._cost += spent
             self._lane_cost["realtime"] = self._lane_cost.get("realtime", 0.0) + spent
+
+    def vote_settled(self) -> None:
+        """Record an item whose two orders' answers differed (a plain call settled it)."""
+        self._vote_settled += 1
 
     def shadow_judged(self, size: int, agreed: bool, cap: int) -> None:
         """Record a shadow verdict (see :class:`ShadowEvent`)."""

@@ -109,7 +109,11 @@ class Options:
             keeps the answers (see :mod:`coalesce._shadow`); 0: none.
         min_agreement: Agreement between packed and plain answers under which a group
             size is judged too large and the group cap comes down.
-        agree: ``agree(packed, plain) -> bool`` for the shadow check (default: equality).
+        agree: ``agree(packed, plain) -> bool`` for the shadow check and the vote
+            (default: equality).
+        vote: Ask every packed group twice, the second time in the reverse order, and
+            settle each item whose two answers differ with a plain call (see
+            :mod:`coalesce._vote`).
     """
 
     max_wait: float = DEFAULT_MAX_WAIT
@@ -137,6 +141,7 @@ class Options:
     shadow: float = 0.0
     min_agreement: float = 0.9
     agree: Callable[[Any, Any], bool] | None = None
+    vote: bool = False
 
     def __post_init__(self) -> None:
         check_seconds("max_wait", self.max_wait)
@@ -175,7 +180,7 @@ class Options:
 
 
 def _check_kinds(options: Options) -> None:
-    for name in ("stream", "dedupe"):
+    for name in ("stream", "dedupe", "vote"):
         value = getattr(options, name)
         if not isinstance(value, bool):
             raise ConfigurationError(f"{name} must be True or False, got {value!r}")

@@ -1,0 +1,179 @@
+"""``vote=True`` (issue 15, point 2): each packed group is asked in two orders, and a
+plain call settles the items whose two answers differ."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+import anyio
+import pytest
+
+import coalesce
+from coalesce._vote import MISSING, agreed, settled
+from coalesce.providers import CompletionRequest
+from coalesce.testing import PackingDegradation, SimulatedProvider, expected_output
+
+Label = Literal["even", "odd", "unknown"]
+RULES = " ".join(f"Rule {n}: read the whole number before answering." for n in range(30))
+
+
+# -- the pure decisions -----------------------------------------------------------------
+
+
+def test_two_equal_answers_agree_and_two_different_ones_do_not() -> None:
+    assert agreed("even", "even", None) is True
+    assert agreed("even", "odd", None) is False
+    assert agreed(1.0, 1.04, lambda a, b: abs(a - b) < 0.1) is True
+
+
+def test_an_error_on_either_side_leaves_nothing_to_settle() -> None:
+    error = coalesce.ItemError("no answer", item_id="1")
+    assert agreed(error, "odd", None) is None
+    assert agreed("odd", MISSING, None) is None
+
+
+def test_the_plain_answer_wins_then_the_usual_order_then_the_reverse_one() -> None:
+    error = coalesce.ItemError("no answer", item_id="1")
+    assert settled("odd", "even", "even") == "even"
+    assert settled("odd", "odd") == "odd"
+    assert settled(error, "even") == "even"
+    assert settled("odd", error, error) == "odd"
+    assert settled(error, error) is error
+
+
+# -- through @coalesce.prompt -------------------------------------------------------------
+
+
+class PositionBiased:
+    """A model that answers every item right, except the last item of a packed request,
+    answered wrongly (small models answer late items worse)."""
+
+    def __init__(self) -> None:
+        self.packed: list[list[str]] = []  # the inputs of each packed request, in order
+        self.plain: list[str] = []
+
+    @staticmethod
+    def right(n: str) -> str:
+        return "even" if int(n) % 2 == 0 else "odd"
+
+    @staticmethod
+    def wrong(n: str) -> str:
+        return "odd" if int(n) % 2 == 0 else "even"
+
+    async def __call__(self, request: CompletionRequest) -> str:
+        try:
+            items = json.loads(request.user)
+        except ValueError:
+            items = None
+        if not isinstance(items, list):  # a plain call of one item
+            self.plain.append(request.user)
+            return json.dumps({"answer": self.right(request.user)})
+        inputs = [str(item["input"]) for item in items]
+        self.packed.append(inputs)
+        answers = {str(item["id"]): self.right(str(item["input"])) for item in items}
+        answers[str(items[-1]["id"])] = self.wrong(inputs[-1])
+        return json.dumps({"results": answers})
+
+
+def parity(client: Any, **options: Any) -> Any:
+    async def classify(number: str) -> Label:
+        """Is the number even or odd?"""
+
+    options.setdefault("max_wait", 1.0)
+    return coalesce.prompt(
+        client=client, model="gpt-4o-mini", instructions=f"Parity. {RULES}", **options
+    )(classify)
+
+
+async def ask_all(fn: Any, items: list[str]) -> dict[str, Any]:
+    answers: dict[str, Any] = {}
+
+    async def one(item: str) -> None:
+        answers[item] = await fn(item)
+
+    async with anyio.create_task_group() as tg:
+        for item in items:
+            tg.start_soon(one, item)
+    return answers
+
+
+@pytest.mark.anyio
+async def test_the_second_request_writes_the_group_in_reverse() -> None:
+    model = PositionBiased()
+    fn = parity(model, max_items=4, packing="always", vote=True)
+    numbers = ["10", "21", "32", "43"]  # one group of four
+    answers = await ask_all(fn, numbers)
+    first, second = model.packed
+    assert second == first[::-1]
+    # The last item of each order was answered wrongly: the two orders disagree on
+    # those two items, and a plain call settles each.
+    assert answers == {n: PositionBiased.right(n) for n in numbers}
+    wrong_somewhere = {first[-1], second[-1]}
+    assert set(model.plain) == wrong_somewhere
+    stats = fn.statistics()
+    assert stats.votes_settled == 2
+    assert stats.vote_requests == 1 + 2  # the second order, two plain calls
+    assert stats.requests == 1  # the usual order (counted as the function's requests)
+
+
+@pytest.mark.anyio
+async def test_without_vote_the_late_items_wrong_answer_is_delivered() -> None:
+    model = PositionBiased()
+    fn = parity(model, max_items=4, packing="always")
+    numbers = ["10", "21", "32", "43"]
+    answers = await ask_all(fn, numbers)
+    (inputs,) = model.packed
+    assert answers[inputs[-1]] == PositionBiased.wrong(inputs[-1])
+    assert fn.statistics().vote_requests == 0
+
+
+@pytest.mark.anyio
+async def test_a_call_alone_is_not_voted_on() -> None:
+    model = PositionBiased()
+    fn = parity(model, max_items=4, packing="always", vote=True)
+    assert await fn("7") == "odd"
+    assert model.packed == []
+    assert model.plain == ["7"]
+    assert fn.statistics().vote_requests == 0
+
+
+@pytest.mark.anyio
+async def test_voting_on_the_simulator_keeps_only_answers_wrong_in_both_orders() -> None:
+    # Every position down a packed request adds 10% of wrong answers. Degraded answers
+    # are the same wrong answer in both orders, so an item is delivered wrong only when
+    # both of its orders degraded it; where one did, the plain call answered it right.
+    degradation = PackingDegradation(per_position=0.1, free_items=1)
+    items = [f"ticket {n}" for n in range(160)]
+    outcomes: dict[bool, tuple[dict[str, Any], Any, SimulatedProvider]] = {}
+    for vote in (False, True):
+        sim = SimulatedProvider(degradation=degradation)
+        fn = parity(sim.openai_client(), max_items=8, packing="always", vote=vote)
+        answers: dict[str, Any] = {}
+        for start in range(0, len(items), 8):
+            answers |= await ask_all(fn, items[start : start + 8])
+        await fn.aclose()
+        outcomes[vote] = answers, fn.statistics(), sim
+
+    def wrong(answers: dict[str, Any]) -> list[str]:
+        schema = {"enum": ["even", "odd", "unknown"], "type": "string"}
+        return [i for i in items if answers[i] != expected_output(i, schema)]
+
+    plain_answers, plain_stats, _ = outcomes[False]
+    voted_answers, stats, sim = outcomes[True]
+    degraded = sum(r.degraded for r in sim.requests if r.items > 1)
+    assert stats.votes_settled > 0
+    assert degraded == stats.votes_settled + 2 * len(wrong(voted_answers))
+    assert len(wrong(voted_answers)) * 3 < len(wrong(plain_answers))
+    plain_calls = sum(1 for r in sim.requests if r.items == 1)
+    assert plain_calls == stats.votes_settled
+    assert stats.vote_requests == stats.requests + stats.votes_settled
+    # The one-per-item baseline is the same; voting's requests are spent, not saved.
+    assert stats.input_tokens_one_per_item == plain_stats.input_tokens_one_per_item
+    assert stats.estimated_cost > plain_stats.estimated_cost
+    assert stats.vote_cost > 0
+
+
+def test_vote_must_be_a_bool() -> None:
+    with pytest.raises(coalesce.ConfigurationError, match="vote must be True or False"):
+        parity(PositionBiased(), vote="yes")
