@@ -177,3 +177,35 @@ async def test_voting_on_the_simulator_keeps_only_answers_wrong_in_both_orders()
 def test_vote_must_be_a_bool() -> None:
     with pytest.raises(coalesce.ConfigurationError, match="vote must be True or False"):
         parity(PositionBiased(), vote="yes")
+
+
+class SlowPositionBiased(PositionBiased):
+    """As :class:`PositionBiased`, every request taking ``seconds`` (virtual time)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    async def __call__(self, request: CompletionRequest) -> str:
+        await anyio.sleep(self.seconds)
+        return await super().__call__(request)
+
+
+@pytest.mark.anyio
+async def test_no_plain_call_settles_a_vote_after_the_budget_runs_out() -> None:
+    # The packed requests take 2.5 s of a 3 s budget: no time for a plain call, so the
+    # items the orders disagree on keep the usual order's answer, in time.
+    model = SlowPositionBiased(2.5)
+    fn = parity(model, max_items=4, packing="always", vote=True, latency_budget=3.0)
+    numbers = ["10", "21", "32", "43"]
+    started = anyio.current_time()
+    answers = await ask_all(fn, numbers)
+    assert anyio.current_time() - started <= 3.0
+    assert model.plain == []
+    first, second = model.packed  # sent at once: either may be the usual order
+    assert second == first[::-1]
+    wrong = [n for n in numbers if answers[n] != PositionBiased.right(n)]
+    assert len(wrong) == 1
+    assert wrong[0] in (first[-1], second[-1])
+    stats = fn.statistics()
+    assert (stats.votes_settled, stats.votes_unsettled) == (0, 2)

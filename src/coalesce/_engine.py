@@ -387,7 +387,7 @@ class Engine:
 
     async def _voted(self, jobs: list[Job], resolve: Resolve) -> None:
         """``vote=True``: ask the group in both orders at once; where the answers
-        differ, ask the item alone (see :mod:`coalesce._vote`)."""
+        differ, ask the item alone if its budget leaves time (see :mod:`coalesce._vote`)."""
         twins = [Job(job.item, job.key, job.deadline, arrival=job.arrival) for job in jobs]
         first: dict[int, Any] = {}
         second: dict[int, Any] = {}
@@ -398,11 +398,13 @@ class Engine:
         async def settle(index: int) -> None:
             one, other = first.get(index, MISSING), second.get(index, MISSING)
             alone: list[Any] = []
+            job = jobs[index]
             if agreed(one, other, self.options.agree) is False:
-                job = jobs[index]
-                lone = Job(job.item, job.key, job.deadline, arrival=job.arrival)
-                await run_group(self._vote_group, [lone], lambda _, outcome: alone.append(outcome))
-                self.recorder.vote_settled()
+                in_time = self._in_time(job, job.deadline - anyio.current_time())
+                if in_time:  # else the usual order's answer, as without vote
+                    lone = Job(job.item, job.key, job.deadline, arrival=job.arrival)
+                    await run_group(self._vote_group, [lone], lambda _, o: alone.append(o))
+                self.recorder.vote_settled(in_time)
             resolve(index, settled(one, other, *alone[:1]))
 
         async with anyio.create_task_group() as tg:

@@ -169,6 +169,9 @@ class PromptStatistics(NamedTuple):
     vote_cost: float = 0.0
     #: Items whose two orders' answers differed, each settled by a plain call.
     votes_settled: int = 0
+    #: Items whose two orders' answers differed with no time left in their latency
+    #: budget for a plain call: they got the usual order's answer.
+    votes_unsettled: int = 0
 
 
 def merged_agreement(guards: Sequence[ShadowGuard]) -> dict[int, Agreement]:
@@ -235,7 +238,8 @@ class PromptRecorder:
         self._lane_calls: Counter[str] = Counter()
         self._lane_cost: dict[str, float] = {}
         self._shadow_requests, self._shadow_cost = 0, 0.0
-        self._vote_requests, self._vote_cost, self._vote_settled = 0, 0.0, 0
+        self._vote_requests, self._vote_cost = 0, 0.0
+        self._vote_settled = self._vote_unsettled = 0
         #: The guards of the engines that record here and shadow (``wrap`` makes one
         #: engine per kind of call, all recording into its model's recorder).
         self._guards: list[ShadowGuard] = []
@@ -488,6 +492,7 @@ class PromptRecorder:
             vote_requests=self._vote_requests,
             vote_cost=self._vote_cost if known else math.nan,
             votes_settled=self._vote_settled,
+            votes_unsettled=self._vote_unsettled,
         )
 
     def watch(self, guard: ShadowGuard) -> None:
@@ -516,9 +521,13 @@ class PromptRecorder:
             self._cost += spent
             self._lane_cost["realtime"] = self._lane_cost.get("realtime", 0.0) + spent
 
-    def vote_settled(self) -> None:
-        """Record an item whose two orders' answers differed (a plain call settled it)."""
-        self._vote_settled += 1
+    def vote_settled(self, asked: bool) -> None:
+        """Record an item whose two orders' answers differed; ``asked``: a plain call
+        settled it (else its budget left no time, and the usual order's answer stood)."""
+        if asked:
+            self._vote_settled += 1
+        else:
+            self._vote_unsettled += 1
 
     def shadow_judged(self, size: int, agreed: bool, cap: int) -> None:
         """Record a shadow verdict (see :class:`ShadowEvent`)."""
