@@ -704,6 +704,7 @@ def load_report(path: Path) -> tuple[dict[str, Any], list[tuple[Task, list[Run]]
     loaded = []
     for name, entry in report["tasks"].items():
         task = make_task(name, len(entry["items"]), int(report["args"]["seed"]))
+        task = instructed(task, report["args"].get("instructions", "short"))
         if [item.text for item in task.items] != [item["text"] for item in entry["items"]]:
             raise ValueError(f"{path}: the {name} items differ from those the seed makes here")
         runs = [

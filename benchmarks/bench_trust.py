@@ -57,6 +57,9 @@ MODEL = "gpt-4o-mini"  # a 128k-token context window
 CLAUDE = "claude-3-5-haiku-latest"
 LOCAL = "local-llm"  # a model the library's table of context windows does not know
 INSTRUCTIONS = "Decide whether each mail is spam or ham, and score how sure you are from 0 to 1000."
+#: Groups of up to 8 (not the default 4): with this one-line instruction, packing pays
+#: from 5 items, and the benchmark measures faults in packed replies.
+MAX_ITEMS = 8
 SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -127,7 +130,7 @@ def anthropic_sdk(url: str) -> anthropic.AsyncAnthropic:
 
 
 def via_prompt(client: Any, options: Mapping[str, Any]) -> Caller:
-    settings = {"model": MODEL, "instructions": INSTRUCTIONS, **options}
+    settings = {"model": MODEL, "instructions": INSTRUCTIONS, "max_items": MAX_ITEMS, **options}
 
     @coalesce.prompt(client=client, **settings)
     async def verdict(mail: Any) -> Verdict:  # type: ignore[empty-body]
@@ -162,7 +165,7 @@ def chat_kwargs(item: Any, model: str) -> dict[str, Any]:
 
 
 def via_wrap_openai(client: Any, options: Mapping[str, Any], stream: bool) -> Caller:
-    settings = dict(options)
+    settings = {"max_items": MAX_ITEMS, **options}
     model = settings.pop("model", MODEL)
     wrapped: Any = coalesce.wrap(client, **settings)
 
@@ -189,7 +192,7 @@ def tool_kwargs(item: Any, model: str) -> dict[str, Any]:
 
 
 def via_wrap_anthropic(client: Any, options: Mapping[str, Any], stream: bool) -> Caller:
-    settings = dict(options)
+    settings = {"max_items": MAX_ITEMS, **options}
     model = settings.pop("model", CLAUDE)
     wrapped: Any = coalesce.wrap(client, **settings)
 

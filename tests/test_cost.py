@@ -98,7 +98,7 @@ async def test_a_function_whose_packing_cannot_pay_sends_its_calls_plain_at_once
 async def test_a_group_too_small_to_pay_goes_plain_and_a_large_one_packed() -> None:
     sim = SimulatedProvider()
 
-    @coalesce.prompt(client=sim.openai_client(), model="gpt-4o-mini", max_wait=0.1)
+    @coalesce.prompt(client=sim.openai_client(), model="gpt-4o-mini", max_wait=0.1, max_items=8)
     async def tag(ticket: str) -> Tag:
         """Tag the support ticket with a category and an urgency from 1 to 5."""
 

@@ -84,7 +84,16 @@ async def _steady_cost(rate: float, **options: Any) -> tuple[float, list[int]]:
     @coalesce.prompt(client=sim.openai_client(), model="gpt-4o-mini", latency_budget=2.0,
                      **options)  # fmt: skip
     async def tag(ticket: str) -> ReadmeTag:
-        """Tag the support ticket with a category and an urgency."""
+        """Tag the support ticket with a category and an urgency.
+
+        Categories: billing (invoices, charges, refunds, plans), bug (something in the
+        product fails or behaves wrongly), account (sign-in, passwords, users, settings),
+        other (anything else, including praise and feature requests).
+        Urgency: high when the customer cannot work or is losing money now, or mentions a
+        deadline today; medium when something is wrong but there is a workaround; low for
+        questions, requests and anything that can wait. Judge by what the ticket says has
+        happened, not by its tone: an angry ticket about a typo is still low.
+        """
 
     async with anyio.create_task_group() as tg:
         for i in range(int(rate * 20)):

@@ -167,7 +167,7 @@ def tagger(client: Any, model: str, **options: Any) -> Any:
         instructions=LONG_INSTRUCTIONS,
         max_wait=0.1,
         packing="always",
-        **options,
+        **{"max_items": 8, **options},
     )(tag)
 
 

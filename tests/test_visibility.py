@@ -361,7 +361,7 @@ async def test_a_prompt_functions_repr_is_its_engines() -> None:
     name = NAME
     assert text == (
         f"<coalesce.prompt {name} model='gpt-4o-mini' max_wait=0.1s stream=False:"
-        " 1 call, 1 request, 1.0 items/request, groups up to 8, answers held>"
+        " 1 call, 1 request, 1.0 items/request, groups up to 4, answers held>"
     )
 
 
@@ -381,5 +381,5 @@ def test_option_changes_lists_what_differs_from_the_defaults() -> None:
         option_changes(options) == " budget=2s max_wait=0.1s max_items=20 stream=False timeout=30s"
     )
     assert option_changes(Options(on_event=print)) == " on_event=print"
-    assert option_changes(Options(max_items=8)) == ""  # the default, given explicitly
+    assert option_changes(Options(max_items=4)) == ""  # the default, given explicitly
     assert option_changes(object()) == ""

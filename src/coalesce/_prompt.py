@@ -192,7 +192,7 @@ def prompt(
         client, model: An ``AsyncOpenAI``, ``AsyncAnthropic``, Provider or async callable; the model.
         instructions: The shared instructions (default: the docstring).
         max_wait, max_items, max_concurrency, latency_budget: Longest wait for company (0.05 s);
-            items per request (8); requests in flight (no limit); seconds a caller may wait.
+            items per request (4); requests in flight (no limit); seconds a caller may wait.
         partition, max_attempts, max_retries: ``partition(*args, **kwargs) -> key``; tries (4, 4).
         max_output_tokens, stream, dedupe: Cap on each reply's tokens (default: the
             provider's); answer as each output streams (True); identical items share a slot.

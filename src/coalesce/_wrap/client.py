@@ -394,7 +394,7 @@ def wrap(
 
     Args:
         client: The SDK client. (``max_wait``: longest wait for company, 0.05 s.)
-        max_items: Most items per request (default 8).
+        max_items: Most items per request (default 4).
         max_concurrency: Most coalesced requests in flight at once (default: no limit).
         latency_budget: Seconds a coalesced call may wait end to end (default: none).
         partition: ``partition(kwargs) -> key``, called with each coalesced call's
