@@ -10,6 +10,8 @@ import anyio
 import pytest
 
 import coalesce
+from coalesce._planning.cost import voting_pays
+from coalesce._planning.footprint import footprint
 from coalesce._vote import MISSING, agreed, settled
 from coalesce.providers import CompletionRequest
 from coalesce.testing import PackingDegradation, SimulatedProvider, expected_output
@@ -40,6 +42,25 @@ def test_the_plain_answer_wins_then_the_usual_order_then_the_reverse_one() -> No
     assert settled(error, "even") == "even"
     assert settled("odd", error, error) == "odd"
     assert settled(error, error) is error
+
+
+LABEL_SCHEMA = {"enum": ["even", "odd", "unknown"], "type": "string"}
+GPT_4O_MINI = coalesce.price_for("gpt-4o-mini")
+
+
+def costs(instructions: str) -> Any:
+    estimator = coalesce.TiktokenEstimator()
+    return footprint(instructions, LABEL_SCHEMA, estimator, structured=True, keyed=True)
+
+
+def test_voting_pays_where_two_packed_requests_cost_less_than_plain_calls() -> None:
+    long, short = costs(f"Parity. {RULES}"), costs("Parity.")
+    answers = {"output_tokens": 8, "items": 8}
+    assert voting_pays(long, GPT_4O_MINI, None, item_tokens=40, **answers)
+    # One-line instructions: packing saves too little to pay for a second request...
+    assert not voting_pays(short, GPT_4O_MINI, None, item_tokens=40, **answers)
+    # ...and long items are paid twice.
+    assert not voting_pays(long, GPT_4O_MINI, None, item_tokens=8 * 400, **answers)
 
 
 # -- through @coalesce.prompt -------------------------------------------------------------
@@ -126,6 +147,25 @@ async def test_without_vote_the_late_items_wrong_answer_is_delivered() -> None:
     (inputs,) = model.packed
     assert answers[inputs[-1]] == PositionBiased.wrong(inputs[-1])
     assert fn.statistics().vote_requests == 0
+
+
+@pytest.mark.anyio
+async def test_a_group_voting_would_make_dearer_than_plain_calls_is_asked_plain() -> None:
+    model = PositionBiased()
+    fn = coalesce.prompt(
+        client=model, model="gpt-4o-mini", max_wait=1.0, packing="always", vote=True
+    )(parity_of)  # a one-line instruction: two packed requests cost more than four plain
+    numbers = ["10", "21", "32", "43"]
+    answers = await ask_all(fn, numbers)
+    assert answers == {n: PositionBiased.right(n) for n in numbers}
+    assert model.packed == []
+    assert sorted(model.plain) == numbers
+    stats = fn.statistics()
+    assert (stats.requests, stats.vote_requests) == (4, 0)
+
+
+async def parity_of(number: str) -> Label:
+    """Is the number even or odd?"""
 
 
 @pytest.mark.anyio

@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from functools import partial
+from functools import cached_property, partial
 from typing import Any
 
 import anyio
@@ -32,14 +32,14 @@ from ._admission import ContextPolicy, admission_for, encode_item
 from ._batcher import Batcher, Resolve
 from ._client import as_provider
 from ._exceptions import CoalesceWarning, ConfigurationError, InvalidInputError
-from ._group import Group, packs, run_group
+from ._group import Group, packs, run_group, run_plain
 from ._lanes.choose import Lane, LaneTimes, check_lane, choose_lane
 from ._lanes.flex import FLEX_TIMEOUT, FlexProvider, flex_refused, flex_unsupported
 from ._lanes.lane import BatchLane
 from ._lanes.store import JobStore
 from ._listeners import StatisticsListener, request_predictor
 from ._log import option_changes
-from ._planning.cost import PackingCost
+from ._planning.cost import PackingCost, voting_pays
 from ._planning.footprint import Footprint, footprint
 from ._planning.planner import PlanLimits
 from ._planning.policy import BudgetPolicy
@@ -107,7 +107,7 @@ class Engine:
     ) -> None:
         self.spec = spec
         self.options = options
-        estimator = options.token_estimator or estimator_for(spec.model)
+        self.estimator = estimator = options.token_estimator or estimator_for(spec.model)
         shape = {"structured": spec.provider.structured, "keyed": keyed_replies(spec, options)}
         self.footprint = footprint(spec.instructions, spec.output_schema, estimator, **shape)
         unpinned = footprint(spec.instructions, spec.output_schema, estimator, pin=False, **shape)
@@ -365,6 +365,8 @@ class Engine:
         for job in jobs:
             job.dispatched_at = started
         ask = self._voted if self.options.vote and packs(self._group, len(jobs)) else None
+        if ask is not None and not self._voting_pays(jobs):  # plain calls: cheaper, alone
+            ask = partial(run_plain, self._group)
         if self.shadow is None:
             await (ask or partial(run_group, self._group))(jobs, resolve)
             return
@@ -384,6 +386,26 @@ class Engine:
 
     def _cap(self) -> int:
         return self.options.max_items if self.shadow is None else self.shadow.cap
+
+    @cached_property
+    def _answer_tokens(self) -> int:
+        """Tokens one answer is expected to take: declared, bounded by the output
+        type (a classification), or the planner's default."""
+        schema, estimator = self.spec.output_schema, self.estimator
+        expected = self.options.expected_output_tokens or bounded_output_tokens(schema, estimator)
+        return expected or DEFAULT_EXPECTED_OUTPUT_TOKENS
+
+    def _voting_pays(self, jobs: list[Job]) -> bool:
+        cost = self.cost
+        expected = self._answer_tokens
+        return voting_pays(
+            cost.costs,
+            cost.price,
+            cost.cache,
+            item_tokens=sum(self.estimator.count(job.key) for job in jobs),
+            output_tokens=len(jobs) * expected,
+            items=len(jobs),
+        )
 
     async def _voted(self, jobs: list[Job], resolve: Resolve) -> None:
         """``vote=True``: ask the group in both orders at once; where the answers

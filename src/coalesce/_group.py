@@ -103,7 +103,7 @@ class Sent:
 async def run_group(group: Group, jobs: list[Job], resolve: Resolve) -> None:
     """Ask for every job's output; re-ask failures in smaller groups, then alone."""
     if 1 < len(jobs) < group.pays_from and not _requests_bind(group):
-        await _run_plain(group, jobs, resolve)
+        await run_plain(group, jobs, resolve)
         return
     try:
         pending = list(range(len(jobs)))
@@ -133,7 +133,7 @@ def _requests_bind(group: Group) -> bool:
     return planning is not None and planning.requests_bind(anyio.current_time())
 
 
-async def _run_plain(group: Group, jobs: list[Job], resolve: Resolve) -> None:
+async def run_plain(group: Group, jobs: list[Job], resolve: Resolve) -> None:
     """Each job as a plain call of its own, all at once (packing would cost more)."""
 
     async def alone(index: int) -> None:

@@ -39,6 +39,7 @@ __all__ = [
     "cached_share",
     "packing_saves",
     "smallest_paying_group",
+    "voting_pays",
 ]
 
 #: Output tokens cost about four times input tokens at most providers (gpt-4o-mini
@@ -73,6 +74,39 @@ def packing_saves(
     """Input-token equivalents a packed request of ``items`` saves against plain calls
     (negative: it costs more), with a warm ``cache`` if the provider has one."""
     return items * _gain(costs, price, cache) - cached_share(costs.shared, cache, price)
+
+
+def voting_pays(
+    costs: Footprint,
+    price: Price | None,
+    cache: PromptCache | None,
+    *,
+    item_tokens: int,
+    output_tokens: int,
+    items: int,
+) -> bool:
+    """Whether asking a group of ``items`` packed twice (``vote=True``) costs less
+    than asking each item alone once.
+
+    Two packed requests cost ``2 * (plain - saves)``, with ``plain`` the items' plain
+    calls and ``saves`` what one packed request saves on them (:func:`packing_saves`):
+    less than ``plain`` when one packed request saves more than half of it. The items'
+    own tokens, which one packed request pays once like plain calls, are paid twice.
+
+    Args:
+        costs: The function's token footprint.
+        price: The model's price (``None``: the usual output/input ratio).
+        cache: The provider's prompt cache, if it has one (assumed warm).
+        item_tokens: The group's items' own input tokens, all together.
+        output_tokens: Their answers' tokens, all together (an estimate).
+        items: Items in the group.
+    """
+    plain = (
+        items * cached_share(costs.plain_shared, cache, price)
+        + item_tokens
+        + _ratio(price) * output_tokens
+    )
+    return 2 * packing_saves(costs, price, items, cache) > plain
 
 
 def smallest_paying_group(
