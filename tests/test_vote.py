@@ -12,7 +12,7 @@ import pytest
 import coalesce
 from coalesce._planning.cost import voting_pays
 from coalesce._planning.footprint import footprint
-from coalesce._vote import MISSING, agreed, settled
+from coalesce._vote import MIN_VOTED, MISSING, agreed, disagreement, settled
 from coalesce.providers import CompletionRequest
 from coalesce.testing import PackingDegradation, SimulatedProvider, expected_output
 
@@ -33,6 +33,12 @@ def test_an_error_on_either_side_leaves_nothing_to_settle() -> None:
     error = coalesce.ItemError("no answer", item_id="1")
     assert agreed(error, "odd", None) is None
     assert agreed("odd", MISSING, None) is None
+
+
+def test_disagreement_counts_over_at_least_min_voted_items() -> None:
+    assert disagreement(4, 8) == 4 / MIN_VOTED
+    assert disagreement(30, 60) == 0.5
+    assert disagreement(0, 0) == 0.0
 
 
 def test_the_plain_answer_wins_then_the_usual_order_then_the_reverse_one() -> None:
@@ -61,6 +67,8 @@ def test_voting_pays_where_two_packed_requests_cost_less_than_plain_calls() -> N
     assert not voting_pays(short, GPT_4O_MINI, None, item_tokens=40, **answers)
     # ...and long items are paid twice.
     assert not voting_pays(long, GPT_4O_MINI, None, item_tokens=8 * 400, **answers)
+    # Items the orders disagree on are asked alone too: frequent disagreement costs.
+    assert not voting_pays(long, GPT_4O_MINI, None, item_tokens=40, disagreement=0.9, **answers)
 
 
 # -- through @coalesce.prompt -------------------------------------------------------------
@@ -97,13 +105,14 @@ class PositionBiased:
         return json.dumps({"results": answers})
 
 
-def parity(client: Any, **options: Any) -> Any:
+def parity(client: Any, rules: int = 1, **options: Any) -> Any:
     async def classify(number: str) -> Label:
         """Is the number even or odd?"""
 
     options.setdefault("max_wait", 1.0)
+    instructions = f"Parity. {' '.join([RULES] * rules)}"
     return coalesce.prompt(
-        client=client, model="gpt-4o-mini", instructions=f"Parity. {RULES}", **options
+        client=client, model="gpt-4o-mini", instructions=instructions, **options
     )(classify)
 
 
@@ -164,6 +173,26 @@ async def test_a_group_voting_would_make_dearer_than_plain_calls_is_asked_plain(
     assert (stats.requests, stats.vote_requests) == (4, 0)
 
 
+@pytest.mark.anyio
+async def test_voting_stops_where_disagreements_make_it_dearer_than_plain_calls() -> None:
+    # Half of each group of four disagrees (the last item of each order). As voted
+    # items accumulate (counted over at least MIN_VOTED), two packed requests and two
+    # plain calls per group come to cost more than four plain calls: later groups go
+    # plain, and stay plain.
+    model = PositionBiased()
+    fn = parity(model, max_items=4, packing="always", vote=True)
+    numbers = [str(n) for n in range(10, 10 + 4 * 12)]
+    for start in range(0, len(numbers), 4):
+        group = numbers[start : start + 4]
+        assert await ask_all(fn, group) == {n: PositionBiased.right(n) for n in group}
+    voted = len(model.packed) // 2  # the first groups, in two orders
+    assert 1 <= voted < 12
+    assert set(model.packed[-1]) == set(numbers[4 * voted - 4 : 4 * voted])  # came first
+    assert len(model.plain) == 2 * voted + 4 * (12 - voted)  # settling, then plain
+    assert fn.statistics().votes_settled == 2 * voted
+
+
+@pytest.mark.anyio
 async def parity_of(number: str) -> Label:
     """Is the number even or odd?"""
 
@@ -180,15 +209,16 @@ async def test_a_call_alone_is_not_voted_on() -> None:
 
 @pytest.mark.anyio
 async def test_voting_on_the_simulator_keeps_only_answers_wrong_in_both_orders() -> None:
-    # Every position down a packed request adds 10% of wrong answers. Degraded answers
+    # Every position down a packed request adds 4% of wrong answers. Degraded answers
     # are the same wrong answer in both orders, so an item is delivered wrong only when
     # both of its orders degraded it; where one did, the plain call answered it right.
-    degradation = PackingDegradation(per_position=0.1, free_items=1)
+    degradation = PackingDegradation(per_position=0.04, free_items=1)
     items = [f"ticket {n}" for n in range(160)]
     outcomes: dict[bool, tuple[dict[str, Any], Any, SimulatedProvider]] = {}
     for vote in (False, True):
         sim = SimulatedProvider(degradation=degradation)
-        fn = parity(sim.openai_client(), max_items=8, packing="always", vote=vote)
+        # Instructions long enough for voting to pay at the disagreements seen here.
+        fn = parity(sim.openai_client(), rules=4, max_items=8, packing="always", vote=vote)
         answers: dict[str, Any] = {}
         for start in range(0, len(items), 8):
             answers |= await ask_all(fn, items[start : start + 8])

@@ -405,12 +405,14 @@ class Engine:
             item_tokens=sum(self.estimator.count(job.key) for job in jobs),
             output_tokens=len(jobs) * expected,
             items=len(jobs),
+            disagreement=self.recorder.vote_disagreement(),
         )
 
     async def _voted(self, jobs: list[Job], resolve: Resolve) -> None:
         """``vote=True``: ask the group in both orders at once; where the answers
         differ, ask the item alone if its budget leaves time (see :mod:`coalesce._vote`)."""
         twins = [Job(job.item, job.key, job.deadline, arrival=job.arrival) for job in jobs]
+        self.recorder.voted(len(jobs))
         first: dict[int, Any] = {}
         second: dict[int, Any] = {}
         async with anyio.create_task_group() as tg:

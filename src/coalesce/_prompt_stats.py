@@ -35,6 +35,7 @@ from ._log import (
 from ._pricing import LANE_PRICE, Price, cost, price_for
 from ._quantile import WindowQuantile
 from ._shadow import Agreement, ShadowGuard, wilson_interval
+from ._vote import disagreement
 from .providers import Usage
 
 __all__ = [
@@ -239,7 +240,7 @@ class PromptRecorder:
         self._lane_cost: dict[str, float] = {}
         self._shadow_requests, self._shadow_cost = 0, 0.0
         self._vote_requests, self._vote_cost = 0, 0.0
-        self._vote_settled = self._vote_unsettled = 0
+        self._vote_settled = self._vote_unsettled = self._voted_items = 0
         #: The guards of the engines that record here and shadow (``wrap`` makes one
         #: engine per kind of call, all recording into its model's recorder).
         self._guards: list[ShadowGuard] = []
@@ -520,6 +521,15 @@ class PromptRecorder:
                 self._shadow_cost += spent
             self._cost += spent
             self._lane_cost["realtime"] = self._lane_cost.get("realtime", 0.0) + spent
+
+    def voted(self, items: int) -> None:
+        """Record a group of ``items`` asked in two orders."""
+        self._voted_items += items
+
+    def vote_disagreement(self) -> float:
+        """The share of voted items whose two answers differed so far (see
+        :func:`coalesce._vote.disagreement`)."""
+        return disagreement(self._vote_settled + self._vote_unsettled, self._voted_items)
 
     def vote_settled(self, asked: bool) -> None:
         """Record an item whose two orders' answers differed; ``asked``: a plain call

@@ -8,8 +8,12 @@ answers agree gets that answer; one whose answers differ is asked alone, as a pl
 call, and gets that answer. The answers are held until both replies are in, so a
 voting function's callers do not get their answer while the reply streams.
 
-The decisions are pure (:func:`agreed`, :func:`settled`); the engine sends the
-requests (``Engine._voted``).
+Voting is only done where it costs less than plain calls: two packed requests, and
+a plain call for each item the orders disagree on, at the rate seen so far
+(:func:`disagreement`; see :func:`coalesce._planning.cost.voting_pays`); otherwise
+the group is asked as plain calls, which answer each item as it would be answered
+alone, for less. The decisions are pure (:func:`agreed`, :func:`settled`,
+:func:`disagreement`); the engine sends the requests (``Engine._voted``).
 """
 
 from __future__ import annotations
@@ -17,7 +21,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["MISSING", "agreed", "settled"]
+__all__ = ["MIN_VOTED", "MISSING", "agreed", "disagreement", "settled"]
+
+#: Voted items before their disagreement rate is taken at face value: until then it
+#: counts over this many, so one unlucky first group does not stop the voting.
+MIN_VOTED = 32
 
 #: The outcome of an item a reply never decided (not expected: ``run_group`` gives
 #: every call an outcome).
@@ -38,6 +46,12 @@ def agreed(first: Any, second: Any, agree: Callable[[Any, Any], bool] | None) ->
     if not (_answered(first) and _answered(second)):
         return None
     return bool(first == second if agree is None else agree(first, second))
+
+
+def disagreement(differed: int, voted: int) -> float:
+    """The share of voted items whose two answers differed, over at least
+    :data:`MIN_VOTED` items (what voting expects to pay in plain calls)."""
+    return differed / max(voted, MIN_VOTED)
 
 
 def settled(first: Any, second: Any, alone: Any = MISSING) -> Any:

@@ -84,14 +84,17 @@ def voting_pays(
     item_tokens: int,
     output_tokens: int,
     items: int,
+    disagreement: float = 0.0,
 ) -> bool:
     """Whether asking a group of ``items`` packed twice (``vote=True``) costs less
     than asking each item alone once.
 
     Two packed requests cost ``2 * (plain - saves)``, with ``plain`` the items' plain
-    calls and ``saves`` what one packed request saves on them (:func:`packing_saves`):
-    less than ``plain`` when one packed request saves more than half of it. The items'
-    own tokens, which one packed request pays once like plain calls, are paid twice.
+    calls and ``saves`` what one packed request saves on them (:func:`packing_saves`),
+    and the items the two orders disagree on are asked alone as well
+    (``disagreement * plain``): voting pays when ``2 * saves > (1 + disagreement) *
+    plain``. The items' own tokens, which one packed request pays once like plain
+    calls, are paid twice.
 
     Args:
         costs: The function's token footprint.
@@ -100,13 +103,14 @@ def voting_pays(
         item_tokens: The group's items' own input tokens, all together.
         output_tokens: Their answers' tokens, all together (an estimate).
         items: Items in the group.
+        disagreement: The share of voted items whose two answers differed so far.
     """
     plain = (
         items * cached_share(costs.plain_shared, cache, price)
         + item_tokens
         + _ratio(price) * output_tokens
     )
-    return 2 * packing_saves(costs, price, items, cache) > plain
+    return 2 * packing_saves(costs, price, items, cache) > (1 + disagreement) * plain
 
 
 def smallest_paying_group(
