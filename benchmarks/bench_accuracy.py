@@ -503,7 +503,7 @@ def instruction_text(task: Task) -> str:
 
 
 def print_positions(task: Task, runs: Sequence[Run], plain: Run | None) -> None:
-    chosen = [run for run in runs if run.k in POSITION_SIZES]
+    chosen = [run for run in runs if run.k in POSITION_SIZES and run.measure in ("", "reversed")]
     if not chosen or plain is None:
         return
     print(
@@ -511,8 +511,11 @@ def print_positions(task: Task, runs: Sequence[Run], plain: Run | None) -> None:
         " items first, so later positions hold longer items: the plain column is the same"
         " items asked alone):\n"
     )
-    print("| k | positions | items | packed accuracy | plain accuracy, same items | difference |")
-    print("|---:|---|---:|---:|---:|---:|")
+    print(
+        "| k | order | positions | items | packed accuracy | plain accuracy, same items"
+        " | difference |"
+    )
+    print("|---:|---|---|---:|---:|---:|---:|")
     for run in chosen:
         assert run.k is not None
         cells: dict[int, list[tuple[bool, bool]]] = collections.defaultdict(list)
@@ -525,7 +528,8 @@ def print_positions(task: Task, runs: Sequence[Run], plain: Run | None) -> None:
             packed = sum(x for x, _ in pairs) / len(pairs)
             alone = sum(y for _, y in pairs) / len(pairs)
             print(
-                f"| {run.k} | {bucket_label(bucket, run.k)} | {len(pairs)} | {pct(packed)}"
+                f"| {run.k} | {'longest first' if run.measure else 'shortest first'}"
+                f" | {bucket_label(bucket, run.k)} | {len(pairs)} | {pct(packed)}"
                 f" | {pct(alone)} | {100 * (packed - alone):+.1f} |"
             )
 
