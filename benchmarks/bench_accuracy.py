@@ -242,10 +242,13 @@ class RecordingProvider(OpenAICompatibleProvider):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.sent: list[list[str]] = []
+        self.prompt_tokens = 0  # of every request, shadow and vote requests included
 
     async def complete(self, request: CompletionRequest, on_text: Any = None) -> Completion:
         self.sent.append(request_inputs(request.user))
-        return await super().complete(request, on_text)
+        completion = await super().complete(request, on_text)
+        self.prompt_tokens += completion.usage.input_tokens if completion.usage else 0
+        return completion
 
 
 def request_inputs(user: str) -> list[str]:
@@ -300,6 +303,7 @@ MEASURES = {
     "arrival": ", arrival order",
     "reversed": ", longest first",
     "restate": ", task restated per item",
+    "voted": ", vote=True",
 }
 
 
@@ -307,9 +311,9 @@ async def run_packed(task: Task, url: str, k: int, parallel: int, measure: str =
     config = f"coalesce, max_items={k}{MEASURES[measure]}"
     run = Run(config, k, [Outcome(i) for i in range(len(task.items))], measure)
     provider = RecordingProvider(url, api_key="x", timeout=GUARD, enforces_schema=True)
-    restate = measure == "restate"
+    restate, voted = measure == "restate", measure == "voted"
     async with provider, writing_order_as(measure):
-        fn = packed_function(task, provider, k, parallel, restate=restate)
+        fn = packed_function(task, provider, k, parallel, restate=restate, vote=voted)
 
         async def one(index: int) -> None:
             text = task.items[index].text
@@ -325,10 +329,15 @@ async def run_packed(task: Task, url: str, k: int, parallel: int, measure: str =
             tg.start_soon(flush_when_all_joined)
             await each_item(task, one, run)
         stats = fn.statistics()
-    run.prompt_tokens, run.requests = stats.input_tokens, stats.requests
+    run.prompt_tokens, run.requests = provider.prompt_tokens, stats.requests + stats.vote_requests
     run.items_per_request, run.reasks = stats.items_per_request, stats.reasks
     run.smallest_paying_group = stats.smallest_paying_group
     place(task, run, provider.sent, check_order=measure in ("", "restate"))
+    if voted:
+        run.notes.append(
+            f"vote=True: {stats.votes_settled} items settled by a plain call,"
+            f" {stats.vote_requests} requests besides the usual order's {stats.requests}"
+        )
     return run
 
 
@@ -760,8 +769,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--configs",
         default="plain,1,2,4,8,16",
         help="plain, K (packed k per request), or K:measure with a measure among arrival,"
-        " reversed (longest first), restate (the task in a few words beside each item) and"
-        " vote (K and K:reversed agree, or a plain call settles it)",
+        " reversed (longest first), restate (the task in a few words beside each item),"
+        " vote (derived: K and K:reversed agree, or a plain call settles it) and voted"
+        " (the library's vote=True)",
     )
     parser.add_argument(
         "--instructions",
