@@ -242,6 +242,8 @@ async def test_voting_on_the_simulator_keeps_only_answers_wrong_in_both_orders()
     assert stats.input_tokens_one_per_item == plain_stats.input_tokens_one_per_item
     assert stats.estimated_cost > plain_stats.estimated_cost
     assert stats.vote_cost > 0
+    # Every token the provider billed is counted, the second orders' too.
+    assert stats.input_tokens == sum(r.prompt_tokens for r in sim.requests)
 
 
 def test_vote_must_be_a_bool() -> None:

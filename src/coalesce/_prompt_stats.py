@@ -106,7 +106,8 @@ class PromptStatistics(NamedTuple):
     requests_in_flight: int
     #: Mean items per request sent (NaN before any).
     items_per_request: float
-    #: Prompt tokens the provider reported, cached ones included.
+    #: Prompt tokens the provider reported, cached ones included (shadow and vote
+    #: requests too: they are spent).
     input_tokens: int
     #: Of those, tokens served from the provider's prompt cache.
     cached_input_tokens: int
@@ -507,6 +508,10 @@ class PromptRecorder:
             self._vote_requests += 1
         else:
             self._shadow_requests += 1
+        if usage is not None:  # tokens the provider reported, spent like any others
+            self._input += usage.input_tokens
+            self._cached += usage.cached_input_tokens
+            self._output += usage.output_tokens
         if usage is not None and self.price is not None:
             spent = cost(
                 usage.input_tokens,
