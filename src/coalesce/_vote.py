@@ -10,7 +10,7 @@ voting function's callers do not get their answer while the reply streams.
 
 Voting is only done where it costs less than plain calls: two packed requests, and
 a plain call for each item the orders disagree on, at the rate seen so far
-(:func:`disagreement`; see :func:`coalesce._planning.cost.voting_pays`); otherwise
+(:func:`disagreement`, the low end of its interval; see :func:`coalesce._planning.cost.voting_pays`); otherwise
 the group is asked as plain calls, which answer each item as it would be answered
 alone, for less. The decisions are pure (:func:`agreed`, :func:`settled`,
 :func:`disagreement`); the engine sends the requests (``Engine._voted``).
@@ -21,11 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["MIN_VOTED", "MISSING", "agreed", "disagreement", "settled"]
+from ._shadow import wilson_interval
 
-#: Voted items before their disagreement rate is taken at face value: until then it
-#: counts over this many, so one unlucky first group does not stop the voting.
-MIN_VOTED = 32
+__all__ = ["MISSING", "agreed", "disagreement", "settled"]
 
 #: The outcome of an item a reply never decided (not expected: ``run_group`` gives
 #: every call an outcome).
@@ -49,9 +47,15 @@ def agreed(first: Any, second: Any, agree: Callable[[Any, Any], bool] | None) ->
 
 
 def disagreement(differed: int, voted: int) -> float:
-    """The share of voted items whose two answers differed, over at least
-    :data:`MIN_VOTED` items (what voting expects to pay in plain calls)."""
-    return differed / max(voted, MIN_VOTED)
+    """How often the two orders' answers differ, as far as voting is concerned: the
+    lower end of the 95% interval of ``differed / voted`` (0 before any vote).
+
+    Voting stops once it does not pay at this rate (see
+    :func:`coalesce._planning.cost.voting_pays`), and a function that stopped voting
+    learns nothing more about its disagreements: so it stops only when the rate is
+    confidently too high, not on one unlucky group.
+    """
+    return wilson_interval(differed, voted)[0] if voted else 0.0
 
 
 def settled(first: Any, second: Any, alone: Any = MISSING) -> Any:
