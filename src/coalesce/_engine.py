@@ -20,7 +20,7 @@ import hashlib
 import json
 import math
 import warnings
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import cached_property, partial
@@ -364,11 +364,12 @@ class Engine:
         started = anyio.current_time()
         for job in jobs:
             job.dispatched_at = started
-        ask = self._voted if self.options.vote and packs(self._group, len(jobs)) else None
-        if ask is not None and not self._voting_pays(jobs):  # plain calls: cheaper, alone
-            ask = partial(run_plain, self._group)
+        ask: Callable[[list[Job], Resolve], Awaitable[None]] = partial(run_group, self._group)
+        if self.options.vote and packs(self._group, len(jobs)):
+            # Two orders where that costs less than plain calls; else plain calls.
+            ask = self._voted if self._voting_pays(jobs) else partial(run_plain, self._group)
         if self.shadow is None:
-            await (ask or partial(run_group, self._group))(jobs, resolve)
+            await ask(jobs, resolve)
             return
         answers: dict[int, Any] = {}
 
@@ -376,7 +377,7 @@ class Engine:
             answers[index] = outcome
             resolve(index, outcome)
 
-        await (ask or partial(run_group, self._group))(jobs, keep)
+        await ask(jobs, keep)
         # Every caller has its answer: shadow a sample of the packed ones, after.
         async with anyio.create_task_group() as tg:
             for index, answer in answers.items():

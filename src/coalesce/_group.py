@@ -102,7 +102,7 @@ class Sent:
 
 async def run_group(group: Group, jobs: list[Job], resolve: Resolve) -> None:
     """Ask for every job's output; re-ask failures in smaller groups, then alone."""
-    if 1 < len(jobs) < group.pays_from and not _requests_bind(group):
+    if len(jobs) > 1 and not packs(group, len(jobs)):
         await run_plain(group, jobs, resolve)
         return
     try:
