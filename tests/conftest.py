@@ -6,6 +6,10 @@ plugin. Both backends run on *virtual time*: trio's ``MockClock`` with
 only when every task is blocked, so a 30 s window is tested in microseconds and
 assertions on times are exact.
 
+Worker threads (the job store's SQLite work runs in ``anyio.to_thread``) take no
+virtual time: on trio the clock does not jump while one is running (see
+``_patient_with_threads``).
+
 Tests that talk to a real socket (a server over loopback) must not run on virtual
 time; they use the ``real_time_backend`` fixture instead (see below).
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio.to_thread
 import looptime
 import pytest
 from hypothesis import HealthCheck, settings
@@ -29,6 +34,36 @@ settings.register_profile(
 settings.load_profile("ci")
 
 
+def _patient_with_threads(clock: MockClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make ``clock`` hold still while a worker thread runs (``anyio.to_thread``).
+
+    A task waiting on a thread counts as blocked, so with ``autojump_threshold=0`` the
+    clock jumps to the next deadline at once, and again and again for as long as the
+    thread works: poll loops then run thousands of virtual hours in a busy loop that
+    holds the GIL, and the thread (which needs the GIL between its SQLite statements)
+    crawls. While a thread runs the threshold is raised to ``_THREAD_PATIENCE`` real
+    seconds instead, so the thread's work takes no virtual time, as on a fast machine;
+    a thread that waits on virtual time itself still gets it after that long.
+    """
+    run_sync = anyio.to_thread.run_sync
+    running = [0]
+
+    async def patient_run_sync(func: Any, *args: Any, **kwargs: Any) -> Any:
+        running[0] += 1
+        clock.autojump_threshold = _THREAD_PATIENCE
+        try:
+            return await run_sync(func, *args, **kwargs)
+        finally:
+            running[0] -= 1
+            if not running[0]:
+                clock.autojump_threshold = 0
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", patient_run_sync)
+
+
+_THREAD_PATIENCE = 2.0
+
+
 def _virtual_asyncio_loop() -> Any:
     return looptime.new_event_loop(noop_cycles=1)
 
@@ -39,10 +74,14 @@ def _virtual_asyncio_loop() -> Any:
         pytest.param("trio", id="trio"),
     ]
 )
-def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
+def anyio_backend(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> tuple[str, dict[str, Any]]:
     """Both backends, each on virtual time."""
     if request.param == "trio":
-        return ("trio", {"clock": MockClock(autojump_threshold=0)})
+        clock = MockClock(autojump_threshold=0)
+        _patient_with_threads(clock, monkeypatch)
+        return ("trio", {"clock": clock})
     return ("asyncio", {"loop_factory": _virtual_asyncio_loop})
 
 

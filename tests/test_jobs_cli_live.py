@@ -27,6 +27,7 @@ from coalesce._lanes.jobs_live import (
     check_base_url,
     duration,
     json_value,
+    poll_every,
     progress_line,
 )
 from coalesce._lanes.records import Job
@@ -36,6 +37,8 @@ from coalesce.providers import AnthropicProvider, OpenAIProvider
 from coalesce.testing import SimulatedProvider
 
 Run = Callable[..., Any]
+#: The polls of ``--poll 0.005``: the simulator's durations are scaled down a thousandfold.
+FAST_POLL = poll_every(0.005)
 SUBMIT = {"openai": openai_jobs.submit, "anthropic": anthropic_jobs.submit}
 
 
@@ -107,7 +110,7 @@ async def submitted(path: Path, sim: SimulatedProvider, url: str, kind: str) -> 
     client = sim.openai_client(url) if kind == "openai" else sim.anthropic_client(url)
     async with client:
         with JobStore(path) as store:
-            await SUBMIT[kind](store, client, job)
+            await SUBMIT[kind](store, client, job, FAST_POLL)
             again = store.get_job(job.id)
     assert again is not None
     return again
