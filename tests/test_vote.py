@@ -12,8 +12,9 @@ import pytest
 import coalesce
 from coalesce._planning.cost import voting_pays
 from coalesce._planning.footprint import footprint
-from coalesce._vote import MISSING, agreed, disagreement, settled
-from coalesce.providers import CompletionRequest
+from coalesce._report import RequestReport
+from coalesce._vote import MISSING, AnswerSizes, agreed, disagreement, settled
+from coalesce.providers import Completion, CompletionRequest, Usage
 from coalesce.testing import PackingDegradation, SimulatedProvider, expected_output
 
 Label = Literal["even", "odd", "unknown"]
@@ -282,3 +283,70 @@ async def test_no_plain_call_settles_a_vote_after_the_budget_runs_out() -> None:
     assert wrong[0] in (first[-1], second[-1])
     stats = fn.statistics()
     assert (stats.votes_settled, stats.votes_unsettled) == (0, 2)
+
+
+class Billed(PositionBiased):
+    """As :class:`PositionBiased` but always right, each reply reporting its usage:
+    ``answer`` output tokens per item it answers."""
+
+    def __init__(self, answer: int) -> None:
+        super().__init__()
+        self.answer = answer
+
+    async def __call__(self, request: CompletionRequest) -> Completion:
+        text = await super().__call__(request)
+        try:
+            items = json.loads(request.user)
+        except ValueError:
+            items = None
+        count = len(items) if isinstance(items, list) else 1
+        if isinstance(items, list):  # right answers in both orders: nothing to settle
+            text = json.dumps(
+                {"results": {str(i["id"]): self.right(str(i["input"])) for i in items}}
+            )
+        usage = Usage(input_tokens=500, output_tokens=self.answer * count)
+        return Completion(text=text, finish_reason="stop", usage=usage)
+
+
+def test_voting_turns_on_the_answers_size() -> None:
+    # The premise of the next test: with 60-token answers (paid twice when voting),
+    # two packed requests cost more than plain calls; with 3-token answers, less.
+    long = costs(f"Parity. {RULES}")
+    at = {"item_tokens": 8, "items": 4}
+    assert not voting_pays(long, GPT_4O_MINI, None, output_tokens=4 * 60, **at)
+    assert voting_pays(long, GPT_4O_MINI, None, output_tokens=4 * 3, **at)
+
+
+@pytest.mark.anyio
+async def test_voting_follows_the_answer_size_the_replies_report() -> None:
+    # Declared answers of 60 tokens keep the first group plain; its replies report
+    # 3-token answers, so the later groups are voted on.
+    model = Billed(answer=3)
+    fn = parity(model, max_items=4, packing="always", vote=True, expected_output_tokens=60)
+    numbers = [str(n) for n in range(10, 10 + 4 * 4)]
+    for start in range(0, len(numbers), 4):
+        group = numbers[start : start + 4]
+        assert await ask_all(fn, group) == {n: PositionBiased.right(n) for n in group}
+    assert sorted(model.plain) == numbers[:4]  # the first group, asked plain
+    assert len(model.packed) == 2 * 3  # each later group, in two orders
+    assert fn.statistics().vote_requests == 3
+
+
+def test_answer_sizes_start_from_the_prior_and_follow_the_reported_usage() -> None:
+    sizes = AnswerSizes(prior=60)
+
+    def reply(items: int, output_tokens: int | None) -> RequestReport:
+        usage = None if output_tokens is None else Usage(100, output_tokens)
+        completion = Completion(text="{}", finish_reason="stop", usage=usage)
+        slots = {str(i): [] for i in range(items)}
+        return RequestReport(
+            slots=slots, plain=items == 1, text=False, reask=False, completion=completion,
+            error=None, error_headers={}, outcomes={}, streamed=False, seconds=1.0, now=0.0,
+        )  # fmt: skip
+
+    sizes.request_done(reply(4, None))  # no usage reported: nothing learned
+    sizes.request_done(reply(4, 12))
+    sizes.request_done(reply(1, 3))
+    assert sizes.expected() == 60  # two replies: not enough yet
+    sizes.request_done(reply(8, 40))
+    assert sizes.expected() == 3  # the median of 3, 3 and 5 tokens per answer

@@ -54,7 +54,7 @@ from ._spec import FunctionSpec, Options, keyed_replies
 from ._stats import BatcherStatistics
 from ._trust import SchemaTrust, declared_enforcement
 from ._validate import check_seconds
-from ._vote import MISSING, agreed, settled
+from ._vote import MISSING, AnswerSizes, agreed, settled
 
 __all__ = ["DEFAULT_EXPECTED_OUTPUT_TOKENS", "Engine", "budget_override", "latency_budget"]
 
@@ -128,6 +128,9 @@ class Engine:
         ]
         if self.planning is not None:
             listeners.append(self.planning)
+        self.answer_sizes = AnswerSizes(self._answer_tokens)
+        if options.vote:
+            listeners.append(self.answer_sizes)
         observer = Observers(*listeners, *observers)
         self.cost = self._packing_cost()
         self.deferred = _deferred(spec, options.batch_client)
@@ -390,15 +393,15 @@ class Engine:
 
     @cached_property
     def _answer_tokens(self) -> int:
-        """Tokens one answer is expected to take: declared, bounded by the output
-        type (a classification), or the planner's default."""
+        """Tokens one answer is expected to take before any reply: declared, bounded
+        by the output type (a classification), or the planner's default."""
         schema, estimator = self.spec.output_schema, self.estimator
         expected = self.options.expected_output_tokens or bounded_output_tokens(schema, estimator)
         return expected or DEFAULT_EXPECTED_OUTPUT_TOKENS
 
     def _voting_pays(self, jobs: list[Job]) -> bool:
         cost = self.cost
-        expected = self._answer_tokens
+        expected = self.answer_sizes.expected()
         return voting_pays(
             cost.costs,
             cost.price,

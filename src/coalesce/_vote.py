@@ -12,18 +12,22 @@ Voting is only done where it costs less than plain calls: two packed requests, a
 a plain call for each item the orders disagree on, at the rate seen so far
 (:func:`disagreement`, the low end of its interval; see :func:`coalesce._planning.cost.voting_pays`); otherwise
 the group is asked as plain calls, which answer each item as it would be answered
-alone, for less. The decisions are pure (:func:`agreed`, :func:`settled`,
+alone, for less. Whether voting pays turns on the answers' size (each is paid twice),
+so it is learned from the provider's replies (:class:`AnswerSizes`) rather than taken
+from the estimate the function starts with. The decisions are pure (:func:`agreed`, :func:`settled`,
 :func:`disagreement`); the engine sends the requests (``Engine._voted``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ._planning.tokens import OutputTokenTracker
+from ._report import Job, RequestReport, Retry
 from ._shadow import wilson_interval
 
-__all__ = ["MISSING", "agreed", "disagreement", "settled"]
+__all__ = ["MISSING", "AnswerSizes", "agreed", "disagreement", "settled"]
 
 #: The outcome of an item a reply never decided (not expected: ``run_group`` gives
 #: every call an outcome).
@@ -74,3 +78,42 @@ def settled(first: Any, second: Any, alone: Any = MISSING) -> Any:
         if _answered(outcome):
             return outcome
     return first
+
+
+class AnswerSizes:
+    """The output tokens one answer takes, learned from the replies the provider
+    counted (a ``GroupObserver`` of the function's own requests).
+
+    Each reply gives one observation: its output tokens per call it carried, the
+    packed reply's per-item frame included. Until ``min_replies`` replies reported
+    their usage, :meth:`expected` is ``prior`` (the declared or estimated size);
+    then the median of the recent replies, so a few long answers do not swing the
+    decision and a change in answer size is followed.
+
+    Args:
+        prior: Output tokens per answer to assume before the replies say.
+        min_replies: Replies needed before the prior is dropped.
+    """
+
+    def __init__(self, prior: int, min_replies: int = 3) -> None:
+        self._tracker = OutputTokenTracker(prior, quantile=0.5, window=50, min_samples=min_replies)
+
+    def expected(self) -> int:
+        """Output tokens per answer to count on."""
+        return self._tracker.expected()
+
+    def request_sent(self, slots: Mapping[str, Sequence[Job]], reask: bool) -> None:
+        """Nothing to learn before the reply."""
+
+    def request_done(self, report: RequestReport) -> None:
+        """Learn from a reply whose usage the provider reported."""
+        completion = report.completion
+        if completion is None or completion.usage is None or not report.slots:
+            return
+        self._tracker.observe(round(completion.usage.output_tokens / len(report.slots)))
+
+    def retrying(self, retry: Retry) -> None:
+        """Nothing to learn from a retry."""
+
+    def group_done(self, jobs: Sequence[Job]) -> None:
+        """Nothing to learn when a group is done."""
