@@ -4,6 +4,7 @@ plain call settles the items whose two answers differ."""
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Literal
 
 import anyio
@@ -12,8 +13,8 @@ import pytest
 import coalesce
 from coalesce._planning.cost import voting_pays
 from coalesce._planning.footprint import footprint
-from coalesce._report import RequestReport
-from coalesce._vote import MISSING, AnswerSizes, agreed, disagreement, settled
+from coalesce._report import Job, RequestReport
+from coalesce._vote import MISSING, VoteCosts, agreed, disagreement, settled
 from coalesce.providers import Completion, CompletionRequest, Usage
 from coalesce.testing import PackingDegradation, SimulatedProvider, expected_output
 
@@ -287,11 +288,13 @@ async def test_no_plain_call_settles_a_vote_after_the_budget_runs_out() -> None:
 
 class Billed(PositionBiased):
     """As :class:`PositionBiased` but always right, each reply reporting its usage:
-    ``answer`` output tokens per item it answers."""
+    ``answer`` output tokens per item it answers, and the prompt's tokens plus
+    ``template`` (what a provider wraps every request in)."""
 
-    def __init__(self, answer: int) -> None:
+    def __init__(self, answer: int, template: int = 0) -> None:
         super().__init__()
-        self.answer = answer
+        self.answer, self.template = answer, template
+        self.count = coalesce.TiktokenEstimator().count
 
     async def __call__(self, request: CompletionRequest) -> Completion:
         text = await super().__call__(request)
@@ -304,17 +307,32 @@ class Billed(PositionBiased):
             text = json.dumps(
                 {"results": {str(i["id"]): self.right(str(i["input"])) for i in items}}
             )
-        usage = Usage(input_tokens=500, output_tokens=self.answer * count)
+        prompt = self.count(request.system) + self.count(request.user)
+        schema = json.dumps(request.reply_schema or {}, separators=(",", ":"))
+        usage = Usage(prompt + self.count(schema) + self.template, self.answer * count)
         return Completion(text=text, finish_reason="stop", usage=usage)
 
 
-def test_voting_turns_on_the_answers_size() -> None:
-    # The premise of the next test: with 60-token answers (paid twice when voting),
-    # two packed requests cost more than plain calls; with 3-token answers, less.
+async def groups_of_four(fn: Any, groups: int) -> list[str]:
+    """Ask ``groups`` groups of four numbers, one group after the other; the numbers."""
+    numbers = [str(n) for n in range(10, 10 + 4 * groups)]
+    for start in range(0, len(numbers), 4):
+        group = numbers[start : start + 4]
+        assert await ask_all(fn, group) == {n: PositionBiased.right(n) for n in group}
+    return numbers
+
+
+def test_voting_turns_on_the_answers_size_and_each_requests_overhead() -> None:
+    # The premises of the next tests: with 60-token answers (paid twice when voting),
+    # two packed requests cost more than plain calls; with 3-token answers, less...
     long = costs(f"Parity. {RULES}")
     at = {"item_tokens": 8, "items": 4}
     assert not voting_pays(long, GPT_4O_MINI, None, output_tokens=4 * 60, **at)
     assert voting_pays(long, GPT_4O_MINI, None, output_tokens=4 * 3, **at)
+    # ...and what every request costs beyond the estimate favours fewer requests.
+    medium = costs(MEDIUM)
+    assert not voting_pays(medium, GPT_4O_MINI, None, output_tokens=4 * 3, **at)
+    assert voting_pays(medium, GPT_4O_MINI, None, output_tokens=4 * 3, overheads=(250, 250), **at)
 
 
 @pytest.mark.anyio
@@ -323,30 +341,53 @@ async def test_voting_follows_the_answer_size_the_replies_report() -> None:
     # 3-token answers, so the later groups are voted on.
     model = Billed(answer=3)
     fn = parity(model, max_items=4, packing="always", vote=True, expected_output_tokens=60)
-    numbers = [str(n) for n in range(10, 10 + 4 * 4)]
-    for start in range(0, len(numbers), 4):
-        group = numbers[start : start + 4]
-        assert await ask_all(fn, group) == {n: PositionBiased.right(n) for n in group}
+    numbers = await groups_of_four(fn, 4)
     assert sorted(model.plain) == numbers[:4]  # the first group, asked plain
     assert len(model.packed) == 2 * 3  # each later group, in two orders
     assert fn.statistics().vote_requests == 3
 
 
-def test_answer_sizes_start_from_the_prior_and_follow_the_reported_usage() -> None:
-    sizes = AnswerSizes(prior=60)
+MEDIUM = f"Parity. {RULES[:400]}"
 
-    def reply(items: int, output_tokens: int | None) -> RequestReport:
-        usage = None if output_tokens is None else Usage(100, output_tokens)
-        completion = Completion(text="{}", finish_reason="stop", usage=usage)
-        slots = {str(i): [] for i in range(items)}
-        return RequestReport(
-            slots=slots, plain=items == 1, text=False, reask=False, completion=completion,
-            error=None, error_headers={}, outcomes={}, streamed=False, seconds=1.0, now=0.0,
-        )  # fmt: skip
 
-    sizes.request_done(reply(4, None))  # no usage reported: nothing learned
-    sizes.request_done(reply(4, 12))
-    sizes.request_done(reply(1, 3))
-    assert sizes.expected() == 60  # two replies: not enough yet
-    sizes.request_done(reply(8, 40))
-    assert sizes.expected() == 3  # the median of 3, 3 and 5 tokens per answer
+@pytest.mark.anyio
+async def test_voting_follows_what_each_request_costs_beyond_the_estimate() -> None:
+    # A provider that adds 250 prompt tokens to every request: coalesce's estimates
+    # do not see them, the first group's plain calls report them, and with them
+    # voting pays (fewer requests).
+    for template, voted in ((0, 0), (250, 3)):
+        model = Billed(answer=3, template=template)
+        fn = coalesce.prompt(
+            client=model, model="gpt-4o-mini", instructions=MEDIUM, max_wait=1.0,
+            max_items=4, packing="always", vote=True,
+        )(parity_of)  # fmt: skip
+        numbers = await groups_of_four(fn, 4)
+        assert sorted(model.plain[:4]) == numbers[:4]  # nothing reported yet: plain
+        assert len(model.packed) == 2 * voted
+        assert fn.statistics().vote_requests == voted
+
+
+def report(keys: list[str], usage: Usage | None) -> RequestReport:
+    completion = Completion(text="{}", finish_reason="stop", usage=usage)
+    slots = {str(i): [Job(key, key, math.inf)] for i, key in enumerate(keys)}
+    return RequestReport(
+        slots=slots, plain=len(keys) == 1, text=False, reask=False, completion=completion,
+        error=None, error_headers={}, outcomes={}, streamed=False, seconds=1.0, now=0.0,
+    )  # fmt: skip
+
+
+def test_vote_costs_start_from_the_estimates_and_follow_the_reported_usage() -> None:
+    count = coalesce.TiktokenEstimator().count
+    learned = VoteCosts(60, costs(MEDIUM), count)
+    one, four = ['"10"'], ['"10"', '"11"', '"12"', '"13"']
+    assert learned.answer_tokens() == 60
+    assert learned.overheads() == (0.0, 0.0)
+    learned.request_done(report(four, None))  # no usage reported: nothing learned
+    for _ in range(3):  # plain calls costing 40 tokens more than estimated
+        learned.request_done(report(one, Usage(learned.estimate(one) + 40, 3)))
+    assert learned.answer_tokens() == 3
+    assert learned.overheads() == (40, 40)  # packed requests not seen: the plain calls'
+    for extra in (10, 12, 14, 500):  # packed requests, one odd one
+        learned.request_done(report(four, Usage(learned.estimate(four) + extra, 20)))
+    assert learned.overheads() == (40, 12)  # medians
+    assert learned.answer_tokens() == 5  # the median of 3, 3, 3, 5, 5, 5, 5 per answer

@@ -54,7 +54,7 @@ from ._spec import FunctionSpec, Options, keyed_replies
 from ._stats import BatcherStatistics
 from ._trust import SchemaTrust, declared_enforcement
 from ._validate import check_seconds
-from ._vote import MISSING, AnswerSizes, agreed, settled
+from ._vote import MISSING, VoteCosts, agreed, settled
 
 __all__ = ["DEFAULT_EXPECTED_OUTPUT_TOKENS", "Engine", "budget_override", "latency_budget"]
 
@@ -128,9 +128,9 @@ class Engine:
         ]
         if self.planning is not None:
             listeners.append(self.planning)
-        self.answer_sizes = AnswerSizes(self._answer_tokens)
+        self.vote_costs = VoteCosts(self._answer_tokens, self.footprint, estimator.count)
         if options.vote:
-            listeners.append(self.answer_sizes)
+            listeners.append(self.vote_costs)
         observer = Observers(*listeners, *observers)
         self.cost = self._packing_cost()
         self.deferred = _deferred(spec, options.batch_client)
@@ -148,17 +148,18 @@ class Engine:
             self.recorder.watch(self.shadow)
         # Shadow calls (one item, asked as a plain call) and vote=True's second orders
         # and settling plain calls: counted apart, they save nothing.
-        self._shadow_group, self._vote_group = (
-            dataclasses.replace(
-                self._group,
-                observer=kind(self.recorder),
-                planning=None,
-                cost=None,
-                reverse=kind is _VoteListener,
-            )
-            for kind in (_ShadowListener, _VoteListener)
+        self._shadow_group = self._apart(_ShadowListener(self.recorder))
+        self._vote_group = self._apart(
+            Observers(_VoteListener(self.recorder), self.vote_costs), reverse=True
         )
         self.batcher: Batcher[Job, Any] = self._new_batcher()
+
+    def _apart(self, observer: GroupObserver, *, reverse: bool = False) -> Group:
+        """The function's group, its requests counted by ``observer`` alone: they plan
+        nothing and save nothing."""
+        return dataclasses.replace(
+            self._group, observer=observer, planning=None, cost=None, reverse=reverse
+        )
 
     def _new_batcher(self) -> Batcher[Job, Any]:
         options = self.options
@@ -400,8 +401,8 @@ class Engine:
         return expected or DEFAULT_EXPECTED_OUTPUT_TOKENS
 
     def _voting_pays(self, jobs: list[Job]) -> bool:
-        cost = self.cost
-        expected = self.answer_sizes.expected()
+        cost, learned = self.cost, self.vote_costs
+        expected = learned.answer_tokens()
         return voting_pays(
             cost.costs,
             cost.price,
@@ -410,6 +411,7 @@ class Engine:
             output_tokens=len(jobs) * expected,
             items=len(jobs),
             disagreement=self.recorder.vote_disagreement(),
+            overheads=learned.overheads(),
         )
 
     async def _voted(self, jobs: list[Job], resolve: Resolve) -> None:

@@ -12,9 +12,10 @@ Voting is only done where it costs less than plain calls: two packed requests, a
 a plain call for each item the orders disagree on, at the rate seen so far
 (:func:`disagreement`, the low end of its interval; see :func:`coalesce._planning.cost.voting_pays`); otherwise
 the group is asked as plain calls, which answer each item as it would be answered
-alone, for less. Whether voting pays turns on the answers' size (each is paid twice),
-so it is learned from the provider's replies (:class:`AnswerSizes`) rather than taken
-from the estimate the function starts with. The decisions are pure (:func:`agreed`, :func:`settled`,
+alone, for less. Whether voting pays turns on the answers' size (each is paid twice) and
+on the margin between a packed request and plain calls, so both are learned from the
+provider's token counts (:class:`VoteCosts`) rather than taken from the estimates the
+function starts with. The decisions are pure (:func:`agreed`, :func:`settled`,
 :func:`disagreement`); the engine sends the requests (``Engine._voted``).
 """
 
@@ -23,11 +24,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ._planning.footprint import Footprint
 from ._planning.tokens import OutputTokenTracker
+from ._quantile import WindowQuantile
 from ._report import Job, RequestReport, Retry
 from ._shadow import wilson_interval
 
-__all__ = ["MISSING", "AnswerSizes", "agreed", "disagreement", "settled"]
+__all__ = ["MISSING", "VoteCosts", "agreed", "disagreement", "settled"]
 
 #: The outcome of an item a reply never decided (not expected: ``run_group`` gives
 #: every call an outcome).
@@ -80,27 +83,62 @@ def settled(first: Any, second: Any, alone: Any = MISSING) -> Any:
     return first
 
 
-class AnswerSizes:
-    """The output tokens one answer takes, learned from the replies the provider
-    counted (a ``GroupObserver`` of the function's own requests).
+class VoteCosts:
+    """What the vote's cost check learns from the replies the provider counted (a
+    ``GroupObserver`` of the function's requests, both orders and plain calls).
 
-    Each reply gives one observation: its output tokens per call it carried, the
-    packed reply's per-item frame included. Until ``min_replies`` replies reported
-    their usage, :meth:`expected` is ``prior`` (the declared or estimated size);
-    then the median of the recent replies, so a few long answers do not swing the
-    decision and a change in answer size is followed.
+    coalesce prices a request from its own token estimates (tiktoken, the prompt's
+    parts). Whether voting pays turns on the margin between a packed request and the
+    plain calls it replaces, and on the answers' size (each is paid twice), so both
+    are taken from the provider's counts once it has reported them:
+
+    - **the answers' size:** each reply's output tokens per call it carried (the packed
+      reply's per-item frame included); the prior (declared or estimated) until
+      ``min_replies`` replies reported usage;
+    - **what each request costs beyond the estimate**, for plain calls and for packed
+      requests apart (the chat template a provider wraps every request in, and where its
+      tokenizer counts differently): the median of the reported prompt tokens less the
+      estimate. A kind not seen yet takes the other kind's; neither seen, nothing.
+
+    Medians of recent replies, so a few odd ones do not swing the decision and a change
+    is followed.
 
     Args:
         prior: Output tokens per answer to assume before the replies say.
-        min_replies: Replies needed before the prior is dropped.
+        costs: The function's token footprint (its estimates).
+        count: The estimator's token count of an item's input text.
+        min_replies: Replies needed before a prior is dropped.
     """
 
-    def __init__(self, prior: int, min_replies: int = 3) -> None:
-        self._tracker = OutputTokenTracker(prior, quantile=0.5, window=50, min_samples=min_replies)
+    def __init__(
+        self, prior: int, costs: Footprint, count: Callable[[str], int], min_replies: int = 3
+    ) -> None:
+        self._answers = OutputTokenTracker(prior, quantile=0.5, window=50, min_samples=min_replies)
+        self._costs, self._count, self._min = costs, count, min_replies
+        self._beyond = {True: WindowQuantile(50), False: WindowQuantile(50)}  # by plain
 
-    def expected(self) -> int:
+    def answer_tokens(self) -> int:
         """Output tokens per answer to count on."""
-        return self._tracker.expected()
+        return self._answers.expected()
+
+    def overheads(self) -> tuple[float, float]:
+        """Prompt tokens a plain call and a packed request cost beyond the estimate."""
+        plain, packed = (self._median(kind) for kind in (True, False))
+        return (
+            plain if plain is not None else packed or 0.0,
+            packed if packed is not None else plain or 0.0,
+        )
+
+    def _median(self, plain: bool) -> float | None:
+        seen = self._beyond[plain]
+        return seen.quantile(0.5) if len(seen) >= self._min else None
+
+    def estimate(self, keys: Sequence[str]) -> int:
+        """The estimated prompt tokens of a request asking these items' inputs."""
+        costs, items = self._costs, sum(self._count(key) for key in keys)
+        if len(keys) == 1:
+            return costs.plain_shared + items
+        return costs.shared + len(keys) * costs.item_frame + items
 
     def request_sent(self, slots: Mapping[str, Sequence[Job]], reask: bool) -> None:
         """Nothing to learn before the reply."""
@@ -110,7 +148,11 @@ class AnswerSizes:
         completion = report.completion
         if completion is None or completion.usage is None or not report.slots:
             return
-        self._tracker.observe(round(completion.usage.output_tokens / len(report.slots)))
+        usage = completion.usage
+        self._answers.observe(round(usage.output_tokens / len(report.slots)))
+        keys = [jobs[0].key for jobs in report.slots.values() if jobs]
+        if len(keys) == len(report.slots) and report.plain == (len(keys) == 1):
+            self._beyond[report.plain].add(usage.input_tokens - self.estimate(keys))
 
     def retrying(self, retry: Retry) -> None:
         """Nothing to learn from a retry."""

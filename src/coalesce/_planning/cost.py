@@ -85,6 +85,7 @@ def voting_pays(
     output_tokens: int,
     items: int,
     disagreement: float = 0.0,
+    overheads: tuple[float, float] = (0.0, 0.0),
 ) -> bool:
     """Whether asking a group of ``items`` packed twice (``vote=True``) costs less
     than asking each item alone once.
@@ -104,13 +105,17 @@ def voting_pays(
         output_tokens: Their answers' tokens, all together (an estimate).
         items: Items in the group.
         disagreement: The share of voted items whose two answers differed so far.
+        overheads: Prompt tokens a plain call and a packed request cost beyond the
+            estimates (learned from the provider's counts), each paid per request.
     """
+    plain_overhead, packed_overhead = overheads
     plain = (
-        items * cached_share(costs.plain_shared, cache, price)
+        items * (cached_share(costs.plain_shared, cache, price) + plain_overhead)
         + item_tokens
         + _ratio(price) * output_tokens
     )
-    return 2 * packing_saves(costs, price, items, cache) > (1 + disagreement) * plain
+    saves = packing_saves(costs, price, items, cache) + items * plain_overhead - packed_overhead
+    return 2 * saves > (1 + disagreement) * plain
 
 
 def smallest_paying_group(
