@@ -34,6 +34,10 @@ settings.register_profile(
 settings.load_profile("ci")
 
 
+#: Real seconds a worker thread may run before the trio clock jumps anyway.
+_THREAD_PATIENCE = 2.0
+
+
 def _patient_with_threads(clock: MockClock, monkeypatch: pytest.MonkeyPatch) -> None:
     """Make ``clock`` hold still while a worker thread runs (``anyio.to_thread``).
 
@@ -59,9 +63,6 @@ def _patient_with_threads(clock: MockClock, monkeypatch: pytest.MonkeyPatch) -> 
                 clock.autojump_threshold = 0
 
     monkeypatch.setattr(anyio.to_thread, "run_sync", patient_run_sync)
-
-
-_THREAD_PATIENCE = 2.0
 
 
 def _virtual_asyncio_loop() -> Any:

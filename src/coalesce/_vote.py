@@ -150,8 +150,8 @@ class VoteCosts:
             return
         usage = completion.usage
         self._answers.observe(round(usage.output_tokens / len(report.slots)))
-        keys = [jobs[0].key for jobs in report.slots.values() if jobs]
-        if len(keys) == len(report.slots) and report.plain == (len(keys) == 1):
+        if report.plain or report.items > 1:  # (a packed request of one item is neither)
+            keys = [jobs[0].key for jobs in report.slots.values()]
             self._beyond[report.plain].add(usage.input_tokens - self.estimate(keys))
 
     def retrying(self, retry: Retry) -> None:
