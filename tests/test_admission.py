@@ -19,10 +19,12 @@ import anyio
 import httpx2
 import openai
 import pytest
+from coalesce._engine.engine.admission import Admission, ContextPolicy, check_item, encode_item
 
 import coalesce
 from coalesce import InvalidInputError
-from coalesce._admission import Admission, ContextPolicy, check_item, encode_item
+from coalesce._batching.policy import DispatchReason, Due
+from coalesce._calls import Job, RequestReport
 from coalesce._planning.context import (
     ContextWindow,
     context_error_window,
@@ -32,8 +34,6 @@ from coalesce._planning.context import (
 from coalesce._planning.footprint import Footprint
 from coalesce._planning.planner import PlanItem
 from coalesce._planning.tokens import CharacterEstimator
-from coalesce._policy import DispatchReason, Due
-from coalesce._report import Job, RequestReport
 from coalesce._wrap import wrap
 from coalesce.providers import CallableProvider, CompletionRequest
 from coalesce.testing import SimulatedProvider

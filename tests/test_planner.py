@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from coalesce._batching.policy import DispatchReason
 from coalesce._exceptions import ConfigurationError
 from coalesce._planning.latency import LatencyModel, LatencyPrior
 from coalesce._planning.planner import (
@@ -34,7 +35,6 @@ from coalesce._planning.planner import (
     pack_more,
     streaming_order,
 )
-from coalesce._policy import DispatchReason
 from coalesce.providers._ratelimit import (
     Quota,
     RateLimitState,

@@ -18,8 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coalesce import ConfigurationError, DispatchReason
-from coalesce._pricing import DEFAULT_PRICES, Price, cost, price_for
-from coalesce._prompt_stats import (
+from coalesce._observe.recorder import (
     CallEvent,
     ContradictionEvent,
     DispatchEvent,
@@ -30,6 +29,7 @@ from coalesce._prompt_stats import (
     RetryEvent,
     UnmeetableEvent,
 )
+from coalesce._pricing import DEFAULT_PRICES, Price, cost, price_for
 from coalesce.providers import Usage
 
 # A round price makes the expected dollars easy to write: $1 per million input

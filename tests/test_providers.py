@@ -451,7 +451,7 @@ def test_all_is_sorted_and_importable() -> None:
 
 def test_importing_providers_imports_no_sdk() -> None:
     code = (
-        "import sys, coalesce.providers, coalesce._retry; "
+        "import sys, coalesce.providers, coalesce._engine.retry; "
         "print(sorted(m for m in ('openai', 'anthropic', 'httpx2') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import coalesce
-from coalesce._shadow import MIN_SAMPLES, ShadowGuard, next_cap, wilson_interval
+from coalesce._accuracy.shadow import MIN_SAMPLES, ShadowGuard, next_cap, wilson_interval
 
 
 def test_wilson_interval_of_known_counts() -> None:

@@ -68,7 +68,7 @@ async def test_agreeing_answers_keep_the_cap_and_the_shadow_cost_is_counted() ->
 
 
 def _interval(n: int) -> tuple[float, float]:
-    from coalesce._shadow import wilson_interval
+    from coalesce._accuracy.shadow import wilson_interval
 
     return wilson_interval(n, n)
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import anyio
 import pytest
+from coalesce._engine.engine.spec import DEFAULT_TIMEOUT
 from pydantic import BaseModel
 
 import coalesce
-from coalesce._spec import DEFAULT_TIMEOUT
 from coalesce.providers import Completion, CompletionRequest, RetryAdvice, Usage
 from coalesce.testing import SimulatedProvider
 

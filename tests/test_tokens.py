@@ -24,6 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import Field
 
+from coalesce._batching.quantile import WindowQuantile
 from coalesce._exceptions import CoalesceWarning, ConfigurationError
 from coalesce._planning import tokens as _tokens
 from coalesce._planning.tokens import (
@@ -40,7 +41,6 @@ from coalesce._planning.tokens import (
     encoding_name_for,
     estimator_for,
 )
-from coalesce._quantile import WindowQuantile
 
 BUNDLED = (
     Path(tiktoken.load.__file__).parent.parent / "tiktoken_ext" / "data" / "cl100k_base.tiktoken"

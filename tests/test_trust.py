@@ -18,7 +18,7 @@ import pytest
 from pydantic import BaseModel
 
 import coalesce
-from coalesce._trust import SchemaTrust, declared_enforcement, schema_broken
+from coalesce._accuracy.trust import SchemaTrust, declared_enforcement, schema_broken
 from coalesce._wire.packing import split_reply
 from coalesce.providers import (
     AnthropicProvider,

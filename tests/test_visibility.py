@@ -17,17 +17,17 @@ from typing import Any, Literal
 import anyio
 import pydantic
 import pytest
+from coalesce._engine.engine.engine import Engine
+from coalesce._engine.engine.spec import FunctionSpec, Options
 from pydantic import BaseModel
 
 import coalesce
 from coalesce import CallEvent, DispatchEvent, Event, RequestEvent, RetryEvent
-from coalesce import _prompt_stats as prompt_stats
-from coalesce._client import as_provider
-from coalesce._engine import Engine
-from coalesce._log import RequestLabel, option_changes
-from coalesce._prompt_stats import PromptRecorder
-from coalesce._spec import FunctionSpec, Options
+from coalesce._observe import recorder as prompt_stats
+from coalesce._observe.events import RequestLabel, option_changes
+from coalesce._observe.recorder import PromptRecorder
 from coalesce.providers import CallableProvider, CompletionRequest, Usage
+from coalesce.providers._client import as_provider
 from coalesce.testing import FaultPlan, SimulatedProvider
 
 pytestmark = [

@@ -11,10 +11,10 @@ import anyio
 import pytest
 
 import coalesce
+from coalesce._accuracy.vote import MISSING, VoteCosts, agreed, disagreement, settled
+from coalesce._calls import Job, RequestReport
 from coalesce._planning.cost import voting_pays
 from coalesce._planning.footprint import footprint
-from coalesce._report import Job, RequestReport
-from coalesce._vote import MISSING, VoteCosts, agreed, disagreement, settled
 from coalesce.providers import Completion, CompletionRequest, Usage
 from coalesce.testing import PackingDegradation, SimulatedProvider, expected_output
 

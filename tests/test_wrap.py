@@ -15,7 +15,7 @@ from anthropic.types import Message
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 import coalesce
-from coalesce._listeners import apportion, split_usage
+from coalesce._observe.listeners import apportion, split_usage
 from coalesce._wrap import wrap
 from coalesce._wrap.plan import (
     HEADERS,

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from ._batch import BatchMethod, batch
-from ._batcher import Batcher
-from ._engine import latency_budget
+from ._accuracy.shadow import Agreement
+from ._batching.batch import BatchMethod, batch
+from ._batching.batcher import Batcher
+from ._batching.policy import DispatchPolicy, DispatchReason, Due
+from ._batching.stats import BatcherStatistics
+from ._engine.engine import latency_budget
 from ._exceptions import (
     BatcherClosedError,
     BatchError,
@@ -25,12 +28,7 @@ from ._exceptions import (
     ResultCountError,
     TruncatedOutputError,
 )
-from ._planning.latency import LatencyPrior
-from ._planning.tokens import CharacterEstimator, TiktokenEstimator, TokenEstimator
-from ._policy import DispatchPolicy, DispatchReason, Due
-from ._pricing import DEFAULT_PRICES, LANE_PRICE, Price, PromptCache, price_for
-from ._prompt import PromptFunction, prompt
-from ._prompt_stats import (
+from ._observe.recorder import (
     CallEvent,
     ContradictionEvent,
     DispatchEvent,
@@ -42,8 +40,10 @@ from ._prompt_stats import (
     ShadowEvent,
     UnmeetableEvent,
 )
-from ._shadow import Agreement
-from ._stats import BatcherStatistics
+from ._planning.latency import LatencyPrior
+from ._planning.tokens import CharacterEstimator, TiktokenEstimator, TokenEstimator
+from ._pricing import DEFAULT_PRICES, LANE_PRICE, Price, PromptCache, price_for
+from ._prompt import PromptFunction, prompt
 from ._wrap import CoalescedClient, wrap
 
 try:

@@ -3,8 +3,8 @@
 The decorated function's signature is the item, its return annotation the output
 schema and its docstring the shared instructions. This module only translates: the
 call's arguments into an item, the decorator's keywords into a
-:class:`~coalesce._spec.FunctionSpec` and :class:`~coalesce._spec.Options`; the
-:class:`~coalesce._engine.Engine` does the rest (grouping, packing, splitting,
+:class:`~coalesce._engine.spec.FunctionSpec` and :class:`~coalesce._engine.spec.Options`; the
+:class:`~coalesce._engine.engine.Engine` does the rest (grouping, packing, splitting,
 re-asking, planning, statistics).
 """
 
@@ -21,14 +21,9 @@ from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 
 import pydantic
 
-from ._client import as_provider
-from ._engine import Engine
-from ._exceptions import ConfigurationError
-from ._planning.latency import LatencyPrior
-from ._planning.tokens import TokenEstimator
-from ._pricing import Price
-from ._prompt_stats import EventHook, PromptStatistics
-from ._spec import (
+from ._batching.stats import BatcherStatistics
+from ._engine.engine import Engine
+from ._engine.spec import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_ITEMS,
     DEFAULT_MAX_RETRIES,
@@ -36,8 +31,13 @@ from ._spec import (
     FunctionSpec,
     Options,
 )
-from ._stats import BatcherStatistics
+from ._exceptions import ConfigurationError
+from ._observe.recorder import EventHook, PromptStatistics
+from ._planning.latency import LatencyPrior
+from ._planning.tokens import TokenEstimator
+from ._pricing import Price
 from ._validate import check_callable, jsonable
+from .providers._client import as_provider
 
 __all__ = ["PromptFunction", "prompt"]
 

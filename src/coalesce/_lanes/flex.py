@@ -8,7 +8,7 @@ refuses it with ``400`` naming ``service_tier``.
 
 Neither refusal is worth retrying in flex while a caller waits: the call is asked
 again in real time, at list price, with what is left of its budget
-(:meth:`coalesce._engine.Engine.submit`). :class:`FlexProvider` marks the refusals as
+(:meth:`coalesce._engine.engine.Engine.submit`). :class:`FlexProvider` marks the refusals as
 not retryable so that the group runner hands them back at once; :func:`flex_refused`
 recognises them.
 """

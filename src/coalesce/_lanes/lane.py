@@ -23,10 +23,10 @@ from typing import Any
 
 import anyio
 
-from .._batcher import Batcher, Resolve
+from .._batching.batcher import Batcher, Resolve
+from .._engine.spec import FunctionSpec
 from .._exceptions import ItemError
-from .._prompt_stats import PromptRecorder
-from .._spec import FunctionSpec
+from .._observe.recorder import PromptRecorder
 from .._wire.packing import pack_request
 from .._wire.plain import plain_request
 from ..providers import CompletionRequest, Usage

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from .tokens import TokenEstimator, count_json_tokens
 
 if TYPE_CHECKING:
-    from .._report import Job, RequestReport, Retry
+    from .._calls import Job, RequestReport, Retry
 
 __all__ = [
     "KNOWN_WINDOWS",
@@ -166,7 +166,7 @@ def is_context_error(error: BaseException) -> bool:
 class ContextWindow:
     """One model's context window: from the table, the option, or the provider's word.
 
-    A :class:`~coalesce._report.GroupObserver`: a request the provider refused as too
+    A :class:`~coalesce._calls.GroupObserver`: a request the provider refused as too
     long teaches the window it states or, when it states none (and an ``estimator`` is
     given), that the window is smaller than what was sent.
 

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from coalesce._batching.quantile import WindowQuantile
 from coalesce._exceptions import ConfigurationError
-from coalesce._quantile import WindowQuantile
 
 __all__ = ["LatencyModel", "LatencyParameters", "LatencyPrior", "Prediction"]
 

@@ -33,8 +33,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple
 
+from .._batching.policy import DispatchReason, Due
 from .._exceptions import ConfigurationError
-from .._policy import DispatchReason, Due
 from ..providers._ratelimit import Quota, RateLimitState
 
 __all__ = [

@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .._policy import DispatchReason, Due
+from .._batching.policy import DispatchReason, Due
 from .planner import PlanItem, admit, due, full_after_add
 from .state import Planning
 
 if TYPE_CHECKING:
-    from .._report import Job
+    from .._calls import Job
 
 __all__ = ["BudgetPolicy"]
 

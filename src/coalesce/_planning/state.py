@@ -28,7 +28,7 @@ from .planner import (
 from .tokens import OutputTokenRegistry, TokenEstimator, count_json_tokens
 
 if TYPE_CHECKING:
-    from .._report import Job, RequestReport, Retry
+    from .._calls import Job, RequestReport, Retry
     from ..providers import Completion
 
 __all__ = ["Planning"]

@@ -27,8 +27,8 @@ import warnings
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from coalesce._batching.quantile import WindowQuantile
 from coalesce._exceptions import CoalesceWarning, ConfigurationError
-from coalesce._quantile import WindowQuantile
 
 __all__ = [
     "CharacterEstimator",

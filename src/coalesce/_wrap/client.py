@@ -4,10 +4,10 @@ The wrapper has the client's interface; only ``chat.completions.create`` and
 ``.parse`` (OpenAI, also under ``beta``) and ``messages.create`` and ``.parse``
 (Anthropic) are intercepted. A compatible call (see :mod:`coalesce._wrap.plan`, and
 :mod:`coalesce._wrap.parse` for ``parse``) becomes one call of an
-:class:`~coalesce._engine.Engine`, one engine per kind of call (same model, instructions and options); its caller gets
+:class:`~coalesce._engine.engine.Engine`, one engine per kind of call (same model, instructions and options); its caller gets
 a genuine SDK response (:mod:`coalesce._wrap.replies`) whose content is its own answer
 and whose usage is its share, charged by the engine's
-:class:`~coalesce._listeners.UsageShares` listener. Anything else goes to the real
+:class:`~coalesce._observe.listeners.UsageShares` listener. Anything else goes to the real
 client. Calls in different partitions (:func:`partition_key`: the client's
 ``partition=`` function and the call's ``x-coalesce-partition`` header) never share a
 request.
@@ -22,18 +22,24 @@ from typing import Any, Literal, TypeVar, cast
 import anyio
 import pydantic_core
 
-from .._admission import check_item
-from .._client import as_provider
-from .._engine import Engine
+from .._calls import Job
+from .._engine.admission import check_item
+from .._engine.engine import Engine
+from .._engine.spec import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_ITEMS,
+    DEFAULT_MAX_WAIT,
+    FunctionSpec,
+    Options,
+)
 from .._exceptions import ConfigurationError, InvalidInputError, TruncatedOutputError
-from .._listeners import UsageShares
+from .._observe.listeners import UsageShares
+from .._observe.recorder import EventHook, PromptRecorder, PromptStatistics
 from .._planning.latency import LatencyPrior
 from .._pricing import Price
-from .._prompt_stats import EventHook, PromptRecorder, PromptStatistics
-from .._report import Job
-from .._spec import DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_ITEMS, DEFAULT_MAX_WAIT, FunctionSpec, Options
 from .._validate import check_callable
 from ..providers import AnthropicProvider, OpenAIProvider, Provider
+from ..providers._client import as_provider
 from .parse import (
     anthropic_parse_plan,
     anthropic_parsed,

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .._calls import Job
 from .._exceptions import TruncatedOutputError
-from .._report import Job
 from .plan import Plan, anthropic_plan, openai_plan
 from .replies import anthropic_response, openai_response
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import anyio
 
-from .._report import Job
+from .._calls import Job
 from .plan import Plan
 from .stream import CoalescedStream, anthropic_events, openai_chunks
 

@@ -43,7 +43,7 @@ class OpenAIProvider:
     """Chat completions through an ``openai.AsyncOpenAI`` client.
 
     The client is copied with ``max_retries=0`` (yours is left as it is): retries are
-    coalesce's job (:func:`~coalesce._retry.complete_with_retries`), so the two never
+    coalesce's job (:func:`~coalesce._engine.retry.complete_with_retries`), so the two never
     multiply.
 
     Args:

@@ -6,7 +6,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from ._quantile import interpolated
+from .quantile import interpolated
 
 __all__ = ["BatcherStatistics", "WaitRecorder"]
 

@@ -2,12 +2,12 @@
 
 Callers arrive one item at a time. Each item joins the open *window* of its
 partition; a window becomes a batch when it is full, too heavy, or its oldest item
-has waited ``max_wait`` (decisions in :mod:`coalesce._policy`). A batch runs in a
+has waited ``max_wait`` (decisions in :mod:`coalesce._batching.policy`). A batch runs in a
 background task of the event loop, never in a caller's task, so a caller that is
 cancelled never disturbs the others, and the batch function's results are handed
 back by position, each to its own caller.
 
-Two seams, no subclassing: a :class:`~coalesce._policy.DispatchPolicy` decides, besides
+Two seams, no subclassing: a :class:`~coalesce._batching.policy.DispatchPolicy` decides, besides
 the batcher's own limits, when a window goes (the latency-budget planner is one), and
 a batch function built with ``resolve_early=True`` may hand each caller its result
 before the whole batch returns (the streaming split does).
@@ -25,14 +25,15 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 
-from ._exceptions import (
+from .._exceptions import (
     BatcherClosedError,
     BatchError,
     ConfigurationError,
     QueueFull,
     ResultCountError,
 )
-from ._policy import (
+from .._validate import check_callable, check_int, check_seconds
+from .policy import (
     DispatchPolicy,
     DispatchReason,
     Due,
@@ -41,9 +42,8 @@ from ._policy import (
     before_add,
     validate_size,
 )
-from ._runtime import Runtime, current_runtime, running_owner
-from ._stats import BatcherStatistics, WaitRecorder
-from ._validate import check_callable, check_int, check_seconds
+from .runtime import Runtime, current_runtime, running_owner
+from .stats import BatcherStatistics, WaitRecorder
 
 __all__ = ["Batcher", "is_async_callable", "result_problem"]
 
@@ -121,7 +121,7 @@ class Batcher(Generic[T, R]):
             dispatched alone, never dropped.
         name: Used in messages and ``repr`` (default: the function's name).
         policy: Consulted before and after each item joins a window, besides the
-            limits above (see :class:`~coalesce._policy.DispatchPolicy`).
+            limits above (see :class:`~coalesce._batching.policy.DispatchPolicy`).
         on_dispatch: Called with the reason and the items of each window dispatched.
         resolve_early: ``fn`` is called as ``fn(items, resolve)`` and may resolve a
             caller at once with ``resolve(index, result_or_exception)``; what it returns

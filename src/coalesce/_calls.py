@@ -1,6 +1,6 @@
 """What the group runner tells its listeners: one report per request, one per group.
 
-:func:`~coalesce._group.run_group` knows which calls each request carried, what the
+:func:`~coalesce._engine.group.run_group` knows which calls each request carried, what the
 provider answered and what each call got. Rather than have statistics, the planner
 and the drop-in client's usage shares each re-derive that from the wire, the runner
 writes it down once, as a :class:`RequestReport`, and hands it to a

@@ -1,9 +1,9 @@
 """The group runner's listeners: statistics, and each call's share of the usage.
 
-Both read :class:`~coalesce._report.RequestReport`s; neither re-parses the wire. (The
+Both read :class:`~coalesce._calls.RequestReport`s; neither re-parses the wire. (The
 planner, :class:`~coalesce._planning.state.Planning`, is the third listener.) The
 statistics listener also names each request on the calls it carried
-(:attr:`~coalesce._report.Job.requests`), so a call's event says which requests
+(:attr:`~coalesce._calls.Job.requests`), so a call's event says which requests
 answered it.
 """
 
@@ -15,21 +15,21 @@ from typing import Any
 
 import anyio
 
-from ._log import RequestLabel
-from ._planning.footprint import Footprint
-from ._planning.planner import PlanItem, group_tokens
-from ._planning.state import Planning
-from ._planning.tokens import estimator_for
-from ._prompt_stats import PromptRecorder
-from ._report import Job, RequestReport, Retry
-from ._wire.outcomes import ItemFailure
-from .providers import Usage
+from .._calls import Job, RequestReport, Retry
+from .._planning.footprint import Footprint
+from .._planning.planner import PlanItem, group_tokens
+from .._planning.state import Planning
+from .._planning.tokens import estimator_for
+from .._wire.outcomes import ItemFailure
+from ..providers import Usage
+from .events import RequestLabel
+from .recorder import PromptRecorder
 
 __all__ = ["StatisticsListener", "UsageShares", "apportion", "request_predictor", "split_usage"]
 
 
 class StatisticsListener:
-    """Tells a :class:`~coalesce._prompt_stats.PromptRecorder` about each request.
+    """Tells a :class:`~coalesce._observe.recorder.PromptRecorder` about each request.
 
     Args:
         recorder: The function's (or wrapped client's) recorder.
@@ -38,7 +38,7 @@ class StatisticsListener:
             would read from a warm prompt cache (the best plain alternative). ``None``:
             no cache is assumed.
         unpinned: The footprint of requests whose reply schema does not name every id,
-            if they are sent (see :func:`coalesce._group.pinned`).
+            if they are sent (see :func:`coalesce._engine.group.pinned`).
         lane: The lane the requests go through, for their price.
     """
 

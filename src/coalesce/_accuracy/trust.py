@@ -18,11 +18,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._wire.outcomes import FailureKind, Split
+from .._wire.outcomes import FailureKind, Split
 
 if TYPE_CHECKING:
-    from ._report import Job, RequestReport, Retry
-    from .providers import Provider
+    from .._calls import Job, RequestReport, Retry
+    from ..providers import Provider
 
 __all__ = ["SchemaTrust", "declared_enforcement", "schema_broken"]
 
@@ -56,7 +56,7 @@ def schema_broken(split: Split[Any]) -> bool:
 class SchemaTrust:
     """Whether answers may be handed over while their reply still streams; learned.
 
-    Listens to the group runner (a :class:`~coalesce._report.GroupObserver`): the
+    Listens to the group runner (a :class:`~coalesce._calls.GroupObserver`): the
     first report of a reply that broke the schema, or contradicted an answer already
     delivered, ends the trust for good.
 

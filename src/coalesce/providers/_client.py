@@ -5,8 +5,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from ._exceptions import ConfigurationError
-from .providers import Provider
+from .._exceptions import ConfigurationError
+from . import Provider
 
 __all__ = ["as_provider"]
 
@@ -26,11 +26,11 @@ def as_provider(client: Any) -> Provider:
         return client
     lineage = {(c.__module__.split(".")[0], c.__name__) for c in type(client).__mro__}
     if ("openai", "AsyncOpenAI") in lineage:
-        from .providers import OpenAIProvider
+        from . import OpenAIProvider
 
         return OpenAIProvider(client)
     if ("anthropic", "AsyncAnthropic") in lineage:
-        from .providers import AnthropicProvider
+        from . import AnthropicProvider
 
         return AnthropicProvider(client)
     module, name = type(client).__module__.split(".")[0], type(client).__name__
@@ -43,7 +43,7 @@ def as_provider(client: Any) -> Provider:
         inspect.iscoroutinefunction(client)
         or inspect.iscoroutinefunction(getattr(client, "__call__", None))  # noqa: B004
     ):
-        from .providers import CallableProvider
+        from . import CallableProvider
 
         return CallableProvider(client)
     raise ConfigurationError(

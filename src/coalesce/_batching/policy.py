@@ -7,7 +7,7 @@ hand-built numbers and no event loop.
 Beyond its own limits (items, weight, ``max_wait``), a batcher may be given a
 :class:`DispatchPolicy`: a small object it consults before and after each item joins
 a window (the latency-budget planner is one, :class:`~coalesce._planning.policy.BudgetPolicy`).
-Policies compose by wrapping: the engine's :class:`~coalesce._admission.ContextPolicy`
+Policies compose by wrapping: the engine's :class:`~coalesce._engine.admission.ContextPolicy`
 closes a window before an item that would push its request past the model's context
 window (:attr:`DispatchReason.TOKENS`), and otherwise asks the budget planner's.
 """

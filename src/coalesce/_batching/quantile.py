@@ -14,7 +14,7 @@ import math
 from collections import deque
 from collections.abc import Iterable
 
-from ._exceptions import ConfigurationError
+from .._exceptions import ConfigurationError
 
 __all__ = ["WindowQuantile", "interpolated"]
 

@@ -4,7 +4,7 @@ One :class:`PromptRecorder` per decorated function (or wrapped client) is told w
 happened, with the times already measured: the recorder reads no clock and needs no
 event loop, so tests feed it hand-written numbers. It keeps counters and sliding
 windows for :meth:`PromptRecorder.snapshot`, passes each happening to the user's
-``on_event`` hook as a small frozen event (:mod:`coalesce._log`) and writes it as one
+``on_event`` hook as a small frozen event (:mod:`coalesce._observe.events`) and writes it as one
 line on the ``"coalesce"`` logger at ``DEBUG``, and records OpenTelemetry metrics when
 ``opentelemetry-api`` is installed (imported lazily; a no-op otherwise).
 """
@@ -19,7 +19,12 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from ._log import (
+from .._accuracy.shadow import Agreement, ShadowGuard, wilson_interval
+from .._accuracy.vote import disagreement
+from .._batching.quantile import WindowQuantile
+from .._pricing import LANE_PRICE, Price, cost, price_for
+from ..providers import Usage
+from .events import (
     CallEvent,
     ContradictionEvent,
     DispatchEvent,
@@ -32,11 +37,6 @@ from ._log import (
     UnmeetableEvent,
     logger,
 )
-from ._pricing import LANE_PRICE, Price, cost, price_for
-from ._quantile import WindowQuantile
-from ._shadow import Agreement, ShadowGuard, wilson_interval
-from ._vote import disagreement
-from .providers import Usage
 
 __all__ = [
     "CallEvent",
@@ -533,7 +533,7 @@ class PromptRecorder:
 
     def vote_disagreement(self) -> float:
         """The share of voted items whose two answers differed so far (see
-        :func:`coalesce._vote.disagreement`)."""
+        :func:`coalesce._accuracy.vote.disagreement`)."""
         return disagreement(self._vote_settled + self._vote_unsettled, self._voted_items)
 
     def vote_settled(self, asked: bool) -> None:

@@ -2,7 +2,7 @@
 logger writes.
 
 Each event is a small frozen dataclass, and ``str(event)`` is one line saying what
-happened and why: the line :class:`~coalesce._prompt_stats.PromptRecorder` writes on
+happened and why: the line :class:`~coalesce._observe.recorder.PromptRecorder` writes on
 the ``"coalesce"`` logger at ``DEBUG``. The recorder builds an event only when a hook
 or that logger is listening, so an unwatched function pays one
 ``logger.isEnabledFor`` per event.
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from .providers import Usage
+from ..providers import Usage
 
 __all__ = [
     "CallEvent",

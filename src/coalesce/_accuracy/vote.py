@@ -24,11 +24,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ._planning.footprint import Footprint
-from ._planning.tokens import OutputTokenTracker
-from ._quantile import WindowQuantile
-from ._report import Job, RequestReport, Retry
-from ._shadow import wilson_interval
+from .._batching.quantile import WindowQuantile
+from .._calls import Job, RequestReport, Retry
+from .._planning.footprint import Footprint
+from .._planning.tokens import OutputTokenTracker
+from .shadow import wilson_interval
 
 __all__ = ["MISSING", "VoteCosts", "agreed", "disagreement", "settled"]
 

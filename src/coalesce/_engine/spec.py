@@ -12,13 +12,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._exceptions import ConfigurationError
-from ._planning.latency import LatencyPrior
-from ._planning.tokens import TokenEstimator
-from ._pricing import Price
-from ._prompt_stats import EventHook
-from ._validate import check_callable, check_int, check_seconds
-from .providers import Provider
+from .._exceptions import ConfigurationError
+from .._observe.recorder import EventHook
+from .._planning.latency import LatencyPrior
+from .._planning.tokens import TokenEstimator
+from .._pricing import Price
+from .._validate import check_callable, check_int, check_seconds
+from ..providers import Provider
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
@@ -108,14 +108,14 @@ class Options:
         batch_client: The client of the deferred lanes (batch, flex), for example with an
             API key of its own; ``None``: the function's client.
         shadow: Fraction of the packed items also asked alone, to check that packing
-            keeps the answers (see :mod:`coalesce._shadow`); 0: none.
+            keeps the answers (see :mod:`coalesce._accuracy.shadow`); 0: none.
         min_agreement: Agreement between packed and plain answers under which a group
             size is judged too large and the group cap comes down.
         agree: ``agree(packed, plain) -> bool`` for the shadow check and the vote
             (default: equality).
         vote: Ask every packed group twice, the second time in the reverse order, and
             settle each item whose two answers differ with a plain call (see
-            :mod:`coalesce._vote`).
+            :mod:`coalesce._accuracy.vote`).
     """
 
     max_wait: float = DEFAULT_MAX_WAIT

@@ -27,14 +27,14 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ._exceptions import InvalidInputError
-from ._planning.context import ContextWindow
-from ._planning.footprint import Footprint
-from ._planning.planner import PlanItem, PlanLimits, group_tokens
-from ._planning.tokens import TokenEstimator, bounded_output_tokens, count_json_tokens
-from ._policy import DispatchPolicy, DispatchReason, Due
-from ._report import Job
-from ._spec import FunctionSpec, Options
+from .._batching.policy import DispatchPolicy, DispatchReason, Due
+from .._calls import Job
+from .._exceptions import InvalidInputError
+from .._planning.context import ContextWindow
+from .._planning.footprint import Footprint
+from .._planning.planner import PlanItem, PlanLimits, group_tokens
+from .._planning.tokens import TokenEstimator, bounded_output_tokens, count_json_tokens
+from .spec import FunctionSpec, Options
 
 __all__ = ["Admission", "ContextPolicy", "admission_for", "check_item", "encode_item"]
 

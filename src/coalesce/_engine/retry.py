@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from tenacity import AsyncRetrying, RetryCallState
 
-from ._exceptions import ConfigurationError, RequestTimeoutError
-from ._report import Retry
-from .providers._base import RetryAdvice
+from .._calls import Retry
+from .._exceptions import ConfigurationError, RequestTimeoutError
+from ..providers._base import RetryAdvice
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
 
-    from .providers._base import Completion, CompletionRequest, Provider
+    from ..providers._base import Completion, CompletionRequest, Provider
 
 __all__ = [
     "backoff_delay",

@@ -1,11 +1,11 @@
 """The engine under ``@coalesce.prompt`` and ``coalesce.wrap``: one LLM function's calls.
 
-An :class:`Engine` owns a function's :class:`~coalesce._spec.FunctionSpec` and
-:class:`~coalesce._spec.Options`, and everything that serves its calls:
+An :class:`Engine` owns a function's :class:`~coalesce._engine.spec.FunctionSpec` and
+:class:`~coalesce._engine.spec.Options`, and everything that serves its calls:
 
 * a :class:`~coalesce.Batcher` that groups the calls (with a
   :class:`~coalesce._planning.policy.BudgetPolicy` when a latency budget is declared);
-* the group runner, :func:`~coalesce._group.run_group`, which asks the provider;
+* the group runner, :func:`~coalesce._engine.group.run_group`, which asks the provider;
 * the runner's listeners: statistics, the planner, and any the caller adds (the
   drop-in client's usage shares).
 
@@ -28,33 +28,33 @@ from typing import Any
 
 import anyio
 
-from ._admission import ContextPolicy, admission_for, encode_item
-from ._batcher import Batcher, Resolve
-from ._client import as_provider
-from ._exceptions import CoalesceWarning, ConfigurationError, InvalidInputError
-from ._group import Group, packs, run_group, run_plain
-from ._lanes.choose import Lane, LaneTimes, check_lane, choose_lane
-from ._lanes.flex import FLEX_TIMEOUT, FlexProvider, flex_refused, flex_unsupported
-from ._lanes.lane import BatchLane
-from ._lanes.store import JobStore
-from ._listeners import StatisticsListener, request_predictor
-from ._log import option_changes
-from ._planning.cost import PackingCost, voting_pays
-from ._planning.footprint import Footprint, footprint
-from ._planning.planner import PlanLimits
-from ._planning.policy import BudgetPolicy
-from ._planning.state import Planning
-from ._planning.tokens import TokenEstimator, bounded_output_tokens, estimator_for
-from ._policy import DispatchReason
-from ._pricing import PromptCache
-from ._prompt_stats import PromptRecorder, PromptStatistics
-from ._report import GroupObserver, Job, Observers, RequestReport, Retry
-from ._shadow import ShadowGuard
-from ._spec import FunctionSpec, Options, keyed_replies
-from ._stats import BatcherStatistics
-from ._trust import SchemaTrust, declared_enforcement
-from ._validate import check_seconds
-from ._vote import MISSING, VoteCosts, agreed, settled
+from .._accuracy.shadow import ShadowGuard
+from .._accuracy.trust import SchemaTrust, declared_enforcement
+from .._accuracy.vote import MISSING, VoteCosts, agreed, settled
+from .._batching.batcher import Batcher, Resolve
+from .._batching.policy import DispatchReason
+from .._batching.stats import BatcherStatistics
+from .._calls import GroupObserver, Job, Observers, RequestReport, Retry
+from .._exceptions import CoalesceWarning, ConfigurationError, InvalidInputError
+from .._lanes.choose import Lane, LaneTimes, check_lane, choose_lane
+from .._lanes.flex import FLEX_TIMEOUT, FlexProvider, flex_refused, flex_unsupported
+from .._lanes.lane import BatchLane
+from .._lanes.store import JobStore
+from .._observe.events import option_changes
+from .._observe.listeners import StatisticsListener, request_predictor
+from .._observe.recorder import PromptRecorder, PromptStatistics
+from .._planning.cost import PackingCost, voting_pays
+from .._planning.footprint import Footprint, footprint
+from .._planning.planner import PlanLimits
+from .._planning.policy import BudgetPolicy
+from .._planning.state import Planning
+from .._planning.tokens import TokenEstimator, bounded_output_tokens, estimator_for
+from .._pricing import PromptCache
+from .._validate import check_seconds
+from ..providers._client import as_provider
+from .admission import ContextPolicy, admission_for, encode_item
+from .group import Group, packs, run_group, run_plain
+from .spec import FunctionSpec, Options, keyed_replies
 
 __all__ = ["DEFAULT_EXPECTED_OUTPUT_TOKENS", "Engine", "budget_override", "latency_budget"]
 
@@ -215,7 +215,7 @@ class Engine:
 
         Raises:
             InvalidInputError: The item is not strict JSON, or too large for the model's
-                context window (see :mod:`coalesce._admission`): only this call fails.
+                context window (see :mod:`coalesce._engine.admission`): only this call fails.
         """
         budget = self.budget_of(budget)
         now = anyio.current_time()
@@ -416,7 +416,7 @@ class Engine:
 
     async def _voted(self, jobs: list[Job], resolve: Resolve) -> None:
         """``vote=True``: ask the group in both orders at once; where the answers
-        differ, ask the item alone if its budget leaves time (see :mod:`coalesce._vote`)."""
+        differ, ask the item alone if its budget leaves time (see :mod:`coalesce._accuracy.vote`)."""
         twins = [Job(job.item, job.key, job.deadline, arrival=job.arrival) for job in jobs]
         self.recorder.voted(len(jobs))
         first: dict[int, Any] = {}

@@ -7,9 +7,9 @@ import inspect
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar, overload
 
-from ._batcher import Batcher, is_async_callable
-from ._exceptions import ConfigurationError
-from ._policy import DispatchPolicy, DispatchReason
+from .._exceptions import ConfigurationError
+from .batcher import Batcher, is_async_callable
+from .policy import DispatchPolicy, DispatchReason
 
 __all__ = ["BatchMethod", "batch"]
 

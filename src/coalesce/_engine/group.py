@@ -8,10 +8,10 @@ few lines:
 2. :func:`send`: through the provider with retries; a streamed reply is split as it
    arrives and each caller answered as soon as its own output is complete;
 3. :func:`judge`: every id's validated output or failure, once the reply is complete;
-4. :func:`~coalesce._settle.settle` (pure): who gets a value, who an error, who is asked
+4. :func:`~coalesce._engine.settle.settle` (pure): who gets a value, who an error, who is asked
    again, in a smaller group, then alone.
 
-After each request the runner writes a :class:`~coalesce._report.RequestReport` for its
+After each request the runner writes a :class:`~coalesce._calls.RequestReport` for its
 observer (statistics, the planner, usage shares); it never learns or counts itself.
 """
 
@@ -25,22 +25,22 @@ from typing import Any
 
 import anyio
 
-from ._batcher import Resolve
-from ._exceptions import InvalidInputError, RequestTimeoutError
-from ._planning.context import is_context_error
-from ._planning.cost import PackingCost
-from ._planning.planner import streaming_order
-from ._planning.state import Planning
-from ._report import GroupObserver, Job, RequestReport
-from ._retry import complete_with_retries
-from ._settle import give_up_error, settle
-from ._spec import DEFAULT_TIMEOUT, FunctionSpec, Options, keyed_replies
-from ._trust import SchemaTrust, schema_broken
-from ._wire.jsonstream import Resolved, StreamSplitter
-from ._wire.outcomes import FailureKind, ItemFailure, Split, failure_error
-from ._wire.packing import PackedRequest, pack_request, split_reply
-from ._wire.plain import plain_request, split_plain, text_output, wrapped_output
-from .providers import Completion, CompletionRequest
+from .._accuracy.trust import SchemaTrust, schema_broken
+from .._batching.batcher import Resolve
+from .._calls import GroupObserver, Job, RequestReport
+from .._exceptions import InvalidInputError, RequestTimeoutError
+from .._planning.context import is_context_error
+from .._planning.cost import PackingCost
+from .._planning.planner import streaming_order
+from .._planning.state import Planning
+from .._wire.jsonstream import Resolved, StreamSplitter
+from .._wire.outcomes import FailureKind, ItemFailure, Split, failure_error
+from .._wire.packing import PackedRequest, pack_request, split_reply
+from .._wire.plain import plain_request, split_plain, text_output, wrapped_output
+from ..providers import Completion, CompletionRequest
+from .retry import complete_with_retries
+from .settle import give_up_error, settle
+from .spec import DEFAULT_TIMEOUT, FunctionSpec, Options, keyed_replies
 
 __all__ = ["Asked", "Group", "Sent", "build", "judge", "run_group", "send"]
 
@@ -50,7 +50,7 @@ class Group:
     """What every request of one engine's groups shares.
 
     ``trust`` says whether streamed answers may be handed over before their reply
-    ends (see :mod:`coalesce._trust`); without one, they are held. A group smaller than
+    ends (see :mod:`coalesce._accuracy.trust`); without one, they are held. A group smaller than
     ``cost.pays_from`` is sent as plain calls, concurrently: packed, it would cost more
     (see :mod:`coalesce._planning.cost`), unless the provider's request quota is what
     binds. Every request carries ``cache_key``, the name of its function's prefix for
@@ -215,7 +215,7 @@ async def send(group: Group, asked: Asked, resolve: Resolve) -> Sent:
 
     While the reply streams from a provider trusted to enforce the reply schema, each
     caller whose output is complete is answered at once; otherwise answers wait for
-    the reply's end (see :mod:`coalesce._trust`). A failure after some text arrived
+    the reply's end (see :mod:`coalesce._accuracy.trust`). A failure after some text arrived
     keeps what arrived (a cut reply).
     """
     early = not asked.plain and group.trust.enforced

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from ._exceptions import ItemError
-from ._wire.outcomes import FailureKind, ItemFailure, failure_error
+from .._exceptions import ItemError
+from .._wire.outcomes import FailureKind, ItemFailure, failure_error
 
 __all__ = ["Settlement", "give_up_error", "settle"]
 
