@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import coalesce._engine.engine.group as coalesce_group
+import coalesce._engine.group as coalesce_group
 import openai
 import pydantic
 from _accuracy_stats import bucket_label, bucket_of, paired, wilson_interval

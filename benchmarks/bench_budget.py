@@ -44,7 +44,8 @@ from coalesce._demo import run as run_workload
 from coalesce._demo import simulated_provider
 from coalesce._planning.tokens import count_tokens
 from coalesce._pricing import cost, price_for
-from coalesce._wire.packing import openai_response_format, pack_request
+from coalesce._wire.packing import pack_request
+from coalesce.providers._shapes import openai_response_format
 
 MODEL = "gpt-4o-mini"
 BUDGET = 2.0

@@ -34,7 +34,7 @@ async def main() -> None:
             tg.start_soon(one, index, name)
 
     stats = lookup.statistics()
-    print(f"{len(names)} calls -> {stats.batches} batch calls {dict(stats.batches_by_reason)}")
+    print(f"{len(names)} calls -> {stats.batches} batch calls {dict(stats.dispatch_reasons)}")
     print(f"first answers: {[answers[i] for i in range(4)]}")
     print(f"wait p50 {stats.wait_p50 * 1e3:.1f} ms, p99 {stats.wait_p99 * 1e3:.1f} ms")
 

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import TypeAdapter
 
 from coalesce._lanes.lines import anthropic_request, openai_line
-from coalesce._lanes.records import ItemRow, Job, PlannedLine
+from coalesce._lanes.records import BatchJob, ItemRow, PlannedLine
 from coalesce._lanes.results import Poll
 from coalesce._lanes.store import JobStore
 from coalesce._wire.packing import pack_request
@@ -24,7 +24,7 @@ TIMING = BatchTiming(validating=10, per_request=1, finalizing=5, cancelling=2)
 POLL = Poll(first=5, factor=2, longest=60)
 
 
-def plan(store: JobStore, provider: Any, texts: list[str], per_line: int) -> Job:
+def plan(store: JobStore, provider: Any, texts: list[str], per_line: int) -> BatchJob:
     """A job asking ``provider``'s batch API for ``texts``' labels, ``per_line`` a line."""
     kind = provider.batch_api
     model = MODELS[kind]

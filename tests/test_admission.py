@@ -19,12 +19,12 @@ import anyio
 import httpx2
 import openai
 import pytest
-from coalesce._engine.engine.admission import Admission, ContextPolicy, check_item, encode_item
 
 import coalesce
 from coalesce import InvalidInputError
 from coalesce._batching.policy import DispatchReason, Due
 from coalesce._calls import Job, RequestReport
+from coalesce._engine.admission import Admission, ContextPolicy
 from coalesce._planning.context import (
     ContextWindow,
     context_error_window,
@@ -34,6 +34,7 @@ from coalesce._planning.context import (
 from coalesce._planning.footprint import Footprint
 from coalesce._planning.planner import PlanItem
 from coalesce._planning.tokens import CharacterEstimator
+from coalesce._validate import check_item, encode_item, json_path, jsonable
 from coalesce._wrap import wrap
 from coalesce.providers import CallableProvider, CompletionRequest
 from coalesce.testing import SimulatedProvider
@@ -89,6 +90,21 @@ def test_json_items_pass_and_encode_canonically(item: Any) -> None:
     key, size = encode_item(item)
     assert key == json.dumps(item, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     assert size == len(key.encode("utf-8"))
+
+
+@pytest.mark.parametrize(
+    ("key", "path"),
+    [("text", "$.text"), ("a b", '$["a b"]'), (1, '$["1"]'), ("café", '$["caf\\u00e9"]')],
+)
+def test_both_steps_of_the_check_write_paths_alike(key: Any, path: str) -> None:
+    assert json_path("$", key) == path
+    with pytest.raises(InvalidInputError) as converting:
+        jsonable({key: [b"x"]}, field="$", subject="f: argument 'x'")
+    assert converting.value.field == f"{path}[0]"
+    assert f"at {path}[0] is bytes" in str(converting.value)
+    with pytest.raises(InvalidInputError) as encoding:
+        check_item({key: [math.nan]})
+    assert encoding.value.field == f"{path}[0]"
 
 
 # -- the table of context windows ----------------------------------------------------------

@@ -132,3 +132,105 @@ def test_no_module_uses_another_modules_underscore_names() -> None:
             if node.attr not in private[name]:
                 found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
     assert found == []
+
+
+# Layers, lowest first. A module may import its own layer and any lower one, never a
+# higher one, not even for type checking (docs/architecture.md draws them). The base is
+# vocabulary every layer shares: errors, argument checks, defaults, prices. The calls
+# and their reports sit above planning, which reads them through its own protocols.
+LAYERS: list[tuple[str, ...]] = [
+    ("coalesce._exceptions", "coalesce._validate", "coalesce._defaults", "coalesce._pricing"),
+    ("coalesce._batching",),
+    ("coalesce._wire", "coalesce.providers"),
+    ("coalesce._planning",),
+    ("coalesce._calls",),
+    ("coalesce._observe",),
+    ("coalesce._accuracy",),
+    ("coalesce._engine",),
+    ("coalesce._lanes",),
+    ("coalesce._wrap", "coalesce._prompt"),
+]
+#: Outside the layers: the public surface, the command line, the demo, the simulator.
+TOP = ("coalesce", "coalesce.__main__", "coalesce.cli", "coalesce._demo", "coalesce.testing")
+
+
+def _layer(module: str) -> int | None:
+    for index, names in enumerate(LAYERS):
+        if any(module == name or module.startswith(name + ".") for name in names):
+            return index
+    return None
+
+
+def _all_imports(name: str, tree: ast.Module) -> Iterator[str]:
+    """Every coalesce module ``name`` imports, type-checking imports included."""
+    for target, imported in _imports(name, tree):
+        module = f"{target}.{imported}"
+        yield module if module in MODULES else target
+
+
+def test_every_module_is_in_a_layer_or_on_top() -> None:
+    lost = [
+        name
+        for name in MODULES
+        if _layer(name) is None and not any(name == t or name.startswith(t + ".") for t in TOP)
+    ]
+    assert lost == []
+
+
+def test_no_layer_imports_a_higher_one() -> None:
+    upward = []
+    for name, tree in MODULES.items():
+        own = _layer(name)
+        if own is None:
+            continue
+        for target in _all_imports(name, tree):
+            theirs = _layer(target)
+            if theirs is not None and theirs > own:
+                upward.append(f"{name} imports {target}")
+    assert upward == []
+
+
+def test_the_layer_check_finds_an_upward_import() -> None:
+    assert _layer("coalesce._batching.batcher") == 1
+    assert _layer("coalesce._engine.engine") == 7
+    assert _layer("coalesce._engine.engine") > _layer("coalesce._planning.state")  # type: ignore[operator]
+    assert _layer("coalesce.testing._provider") is None
+
+
+LONGEST_CLASS = 300
+
+
+def test_no_class_is_longer_than_300_lines() -> None:
+    long = [
+        f"{name}.{node.name}: {node.end_lineno - node.lineno + 1} lines"
+        for name, tree in MODULES.items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > LONGEST_CLASS
+    ]
+    assert long == []
+
+
+def test_the_engine_imports_at_most_10_of_coalesces_modules() -> None:
+    name = "coalesce._engine.engine"
+    assert len(set(_all_imports(name, MODULES[name]))) <= 10
+
+
+def test_docs_architecture_names_every_module() -> None:
+    """Every module under src/ has a row in docs/architecture.md's table, by its path."""
+    text = (SRC.parent.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    missing = [
+        name
+        for name in MODULES
+        if name != "coalesce"
+        and not name.startswith("coalesce.testing.")
+        and f"`{_path(name)}`" not in text
+    ]
+    assert missing == []
+
+
+def _path(name: str) -> str:
+    """``coalesce._engine.group`` -> ``_engine/group.py``; a package -> ``_engine/``."""
+    relative = name.split(".", 1)[1].replace(".", "/")
+    return f"{relative}/" if _is_package(name) else f"{relative}.py"

@@ -18,6 +18,7 @@ from coalesce import (
     QueueFull,
     ResultCountError,
 )
+from coalesce._batching.window import Window, Windows
 
 pytestmark = pytest.mark.anyio
 
@@ -108,8 +109,8 @@ async def test_max_items_dispatches_full_batches_without_waiting() -> None:
     assert [len(b) for b in recorder.batches] == [4, 4, 2]
     assert recorder.times == [start, start, start + 5.0]
     stats = batcher.statistics()
-    assert {k: v for k, v in stats.batches_by_reason.items() if v} == {"full": 2, "window": 1}
-    assert set(stats.batches_by_reason) == {str(reason) for reason in coalesce.DispatchReason}
+    assert {k: v for k, v in stats.dispatch_reasons.items() if v} == {"full": 2, "window": 1}
+    assert set(stats.dispatch_reasons) == {str(reason) for reason in coalesce.DispatchReason}
     assert stats.max_batch_size == 4
     assert stats.mean_batch_size == pytest.approx(10 / 3)
 
@@ -141,7 +142,7 @@ async def test_size_limit_and_heavy_item_travels_alone() -> None:
     assert ["x" * 25] in recorder.batches  # heavier than max_size: alone, not dropped
     for batch in recorder.batches:
         assert len(batch) == 1 or sum(map(len, batch)) <= 10
-    assert batcher.statistics().batches_by_reason["size"] >= 2
+    assert batcher.statistics().dispatch_reasons["size"] >= 2
 
 
 async def test_batch_exception_reaches_every_caller_of_that_batch_only() -> None:
@@ -273,7 +274,7 @@ async def test_aclose_flushes_pending_waits_for_running_and_refuses_new_calls() 
         assert recorder.times == [start + 1.0]
         await anyio.wait_all_tasks_blocked()
         assert sorted(results) == [("result", "a"), ("result", "b")]
-    assert batcher.statistics().batches_by_reason["close"] == 1
+    assert batcher.statistics().dispatch_reasons["close"] == 1
     assert batcher.closed
     with pytest.raises(BatcherClosedError, match="closed"):
         await batcher("late")
@@ -463,7 +464,7 @@ async def test_a_policy_brings_the_timer_forward_and_sends_solo_items() -> None:
         tg.start_soon(batcher, "b")
     batches = dict(zip(map(tuple, map(sorted, recorder.batches)), recorder.times, strict=True))
     assert batches == {("huge",): start + 0.05, ("a", "b"): pytest.approx(start + 0.1)}
-    reasons = batcher.statistics().batches_by_reason
+    reasons = batcher.statistics().dispatch_reasons
     assert (reasons["solo"], reasons["deadline"], reasons["window"]) == (1, 1, 0)
     assert dispatched == [("solo", 1), ("deadline", 2)]
 
@@ -523,3 +524,27 @@ async def test_batch_decorator_with_resolve_early_on_a_function_and_a_method() -
         tg.start_soon(call, "t1", tripler.triple, 1)
         tg.start_soon(call, "t2", tripler.triple, 2)
     assert results == {"d": 8, "t1": 3, "t2": 6}
+
+
+def test_the_window_bookkeeping_by_hand() -> None:
+    """The queue the caller side fills and the dispatcher empties, with no event loop."""
+    windows = Windows()
+    first, second = Window("a", 0.0, 0.5), Window("b", 0.1, 0.2)
+    windows.open.update(a=first, b=second)
+    first.add("x", "waiter-x", 0.0)
+    first.add("y", "waiter-y", 0.05)
+    second.add("z", "waiter-z", 0.1)
+    assert windows.pending == 3
+    assert windows.next_due(by_due_time=False) is first  # opened first
+    assert windows.next_due(by_due_time=True) is second  # a policy brought it forward
+    assert windows.withdraw("waiter-x")
+    assert first.items == ["y"]
+    assert first.arrivals == [0.05]
+    assert not windows.withdraw("waiter-x")  # gone already
+    assert windows.withdraw("waiter-z")
+    assert list(windows.open) == ["a"]  # an emptied window goes too
+    windows.close(first)
+    windows.ready.append(first)
+    assert windows.pending == 1
+    assert windows.withdraw("waiter-y")
+    assert not windows.ready

@@ -26,27 +26,27 @@ ROUND = Price(input_per_mtok=1.0, output_per_mtok=4.0)
 def test_packing_pays_from_the_group_whose_shared_saving_covers_the_frames() -> None:
     # Each plain call pays 71 shared tokens; a packed item adds 21 in and 4 out (16 at
     # the 4x output price): 34 saved per item, against 151 shared once: 5 items pay.
-    costs = Footprint(shared=151, plain_shared=71, item_frame=21, answer_frame=4)
-    assert smallest_paying_group(costs, ROUND, max_items=8) == 5
-    assert packing_saves(costs, ROUND, 4) == 4 * 34 - 151 < 0
-    assert packing_saves(costs, ROUND, 5) == 5 * 34 - 151 > 0
-    assert smallest_paying_group(costs, ROUND, max_items=4) is None  # 5 > max_items
+    footprint = Footprint(shared=151, plain_shared=71, item_frame=21, answer_frame=4)
+    assert smallest_paying_group(footprint, ROUND, max_items=8) == 5
+    assert packing_saves(footprint, ROUND, 4) == 4 * 34 - 151 < 0
+    assert packing_saves(footprint, ROUND, 5) == 5 * 34 - 151 > 0
+    assert smallest_paying_group(footprint, ROUND, max_items=4) is None  # 5 > max_items
 
 
 def test_short_instructions_never_pay() -> None:
-    costs = Footprint(shared=97, plain_shared=8, item_frame=21, answer_frame=4)
-    assert smallest_paying_group(costs, ROUND, max_items=64) is None
-    assert packing_saves(costs, ROUND, 64) < 0
+    footprint = Footprint(shared=97, plain_shared=8, item_frame=21, answer_frame=4)
+    assert smallest_paying_group(footprint, ROUND, max_items=64) is None
+    assert packing_saves(footprint, ROUND, 64) < 0
 
 
 def test_long_instructions_pay_from_two_and_the_price_ratio_matters() -> None:
-    costs = Footprint(shared=1135, plain_shared=1055, item_frame=21, answer_frame=4)
-    assert smallest_paying_group(costs, ROUND, max_items=8) == 2
+    footprint = Footprint(shared=1135, plain_shared=1055, item_frame=21, answer_frame=4)
+    assert smallest_paying_group(footprint, ROUND, max_items=8) == 2
     # Output priced at 300x input: each answer's 4-token frame outweighs the saving.
     dear_output = Price(input_per_mtok=1.0, output_per_mtok=300.0)
-    assert smallest_paying_group(costs, dear_output, max_items=8) is None
+    assert smallest_paying_group(footprint, dear_output, max_items=8) is None
     # Unknown price: the usual 4x ratio.
-    assert smallest_paying_group(costs, None, max_items=8) == 2
+    assert smallest_paying_group(footprint, None, max_items=8) == 2
 
 
 class Tag(BaseModel):

@@ -25,7 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from coalesce._exceptions import ConfigurationError, InvalidInputError
 from coalesce._lanes.keys import item_key
 from coalesce._lanes.paths import default_store_path, store_path_for
-from coalesce._lanes.records import ItemRow, Job, PlannedLine, StoredItem, StoredLine
+from coalesce._lanes.records import BatchJob, ItemRow, PlannedLine, StoredItem, StoredLine
 from coalesce._lanes.schema import SCHEMA_VERSION
 from coalesce._lanes.store import JobStore
 
@@ -57,7 +57,7 @@ def line(store: JobStore, keys: list[str], custom_id: str | None = None) -> Plan
     return PlannedLine(cid, {"custom_id": cid, "body": {"items": keys}}, keys)
 
 
-def plan(store: JobStore, *groups: list[str]) -> Job:
+def plan(store: JobStore, *groups: list[str]) -> BatchJob:
     return store.plan_job("openai", "m", "batch", [line(store, keys) for keys in groups])
 
 

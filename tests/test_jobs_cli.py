@@ -19,7 +19,7 @@ from types import MappingProxyType
 import pytest
 
 from coalesce._lanes.jobs_cli import JobsError, resolve_job, utc
-from coalesce._lanes.records import ItemRow, Job, PlannedLine
+from coalesce._lanes.records import BatchJob, ItemRow, PlannedLine
 from coalesce._lanes.store import JobStore
 from coalesce.cli import main
 
@@ -37,7 +37,7 @@ def row(n: int) -> ItemRow:
     return ItemRow.for_call("tag", "m", "Tag the ticket.", SCHEMA, {"ticket": n})
 
 
-def plan(store: JobStore, *groups: list[str], provider: str = "openai") -> Job:
+def plan(store: JobStore, *groups: list[str], provider: str = "openai") -> BatchJob:
     lines = []
     for keys in groups:
         cid = store.new_custom_id()
@@ -60,7 +60,7 @@ def run(capsys: pytest.CaptureFixture[str]) -> Run:
     return run
 
 
-def two_jobs(path: Path) -> tuple[Job, Job, list[str]]:
+def two_jobs(path: Path) -> tuple[BatchJob, BatchJob, list[str]]:
     """An older job: 2 done, 1 failed, 1 released (expired); a newer one holding the
     released item and one more, submitted and unanswered."""
     with JobStore(path, clock=ticks()) as store:
@@ -213,8 +213,10 @@ def test_an_unknown_id_names_it_and_how_to_list_jobs(
     )
 
 
-def job(id: str, batch: str | None = None) -> Job:
-    return Job(id, "openai", "m", "batch", "planned", None, batch, MappingProxyType({}), 0, 0, 0)
+def job(id: str, batch: str | None = None) -> BatchJob:
+    return BatchJob(
+        id, "openai", "m", "batch", "planned", None, batch, MappingProxyType({}), 0, 0, 0
+    )
 
 
 def test_an_ambiguous_prefix_names_every_match() -> None:

@@ -30,7 +30,7 @@ from coalesce._lanes.jobs_live import (
     poll_every,
     progress_line,
 )
-from coalesce._lanes.records import Job
+from coalesce._lanes.records import BatchJob
 from coalesce._lanes.store import JobStore
 from coalesce.cli import main
 from coalesce.providers import AnthropicProvider, OpenAIProvider
@@ -93,7 +93,9 @@ def run(capsys: pytest.CaptureFixture[str]) -> Run:
     return run
 
 
-def planned(path: Path, sim: SimulatedProvider, kind: str, n: int = 9, per_line: int = 3) -> Job:
+def planned(
+    path: Path, sim: SimulatedProvider, kind: str, n: int = 9, per_line: int = 3
+) -> BatchJob:
     """A job planned in the store at ``path`` and not submitted."""
     provider: OpenAIProvider | AnthropicProvider = (
         OpenAIProvider(sim.openai_client())
@@ -104,7 +106,7 @@ def planned(path: Path, sim: SimulatedProvider, kind: str, n: int = 9, per_line:
         return plan(store, provider, texts(n, kind), per_line)
 
 
-async def submitted(path: Path, sim: SimulatedProvider, url: str, kind: str) -> Job:
+async def submitted(path: Path, sim: SimulatedProvider, url: str, kind: str) -> BatchJob:
     """A job planned and submitted over HTTP by another process, which then stopped."""
     job = planned(path, sim, kind)
     client = sim.openai_client(url) if kind == "openai" else sim.anthropic_client(url)
@@ -116,7 +118,7 @@ async def submitted(path: Path, sim: SimulatedProvider, url: str, kind: str) -> 
     return again
 
 
-def counts(path: Path, job: Job) -> dict[str, int]:
+def counts(path: Path, job: BatchJob) -> dict[str, int]:
     with JobStore(path) as store:
         return {state: n for state, n in store.job_summary(job.id).items.items() if n}
 

@@ -281,7 +281,7 @@ async def test_a_window_over_the_providers_limits_goes_as_several_jobs(
 ) -> None:
     sim = SimulatedProvider(batches=TIMING)
     fn = summariser(client_for(sim, api), tmp_path / "jobs.db", lane="batch", max_items=2)
-    fn._engine.batch_lane().limits = BatchLimits(max_lines=3, max_bytes=10**9)
+    fn._lanes.batch_lane().limits = BatchLimits(max_lines=3, max_bytes=10**9)
     texts = [f"text {i}" for i in range(14)]  # 7 lines of 2: jobs of 3, 3 and 1 lines
     assert await ask_all(fn, texts) == {text: expected_output(text) for text in texts}
     await fn.aclose()

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from typing import get_args
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from coalesce import ConfigurationError
+from coalesce._engine.spec import LANE_CHOICES, LaneChoice, Options
 from coalesce._lanes.choose import Lane, LaneTimes, check_lane, choose_lane
 
 ALL = frozenset(Lane)
@@ -72,3 +74,14 @@ def test_bad_lanes_are_refused_with_the_fix() -> None:
     assert check_lane("auto", NO_FLEX) == "auto"
     with pytest.raises(ConfigurationError, match=r"LaneTimes\.batch must be seconds"):
         LaneTimes(batch=math.inf)
+
+
+def test_the_lane_names_have_one_source_and_one_rule() -> None:
+    assert ("auto", *(lane.value for lane in Lane)) == LANE_CHOICES
+    assert get_args(LaneChoice) == LANE_CHOICES  # the annotation spells the same values
+    for bad in ("nightly", None, Lane.BATCH.name):
+        with pytest.raises(ConfigurationError, match="lane must be one of 'auto'") as options:
+            Options(lane=bad)  # type: ignore[arg-type]
+        with pytest.raises(ConfigurationError) as lanes:
+            check_lane(bad, frozenset(Lane))
+        assert str(options.value) == str(lanes.value)

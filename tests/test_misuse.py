@@ -25,6 +25,7 @@ from coalesce import (
     MissingOutputError,
     ResultCountError,
 )
+from coalesce._validate import partition_of
 from coalesce.providers import CallableProvider, Completion, CompletionRequest
 
 pytestmark = pytest.mark.anyio
@@ -621,3 +622,17 @@ async def test_a_partition_function_that_fails_fails_only_its_own_call() -> None
         assert "by_tenant" in str(failed)
     assert isinstance(results[1].__cause__, KeyError)
     assert [sorted(inputs) for inputs in echo.inputs()] == [["a", "b"]]
+
+
+def test_one_rule_checks_what_a_partition_function_returns() -> None:
+    def by_tenant(text: str, *, tenant: Any = None) -> Any:
+        return {"a": 1}[text] if tenant is None else tenant
+
+    assert partition_of(by_tenant, ("a",), receives="the call's arguments") == 1
+    assert partition_of(by_tenant, ("x",), {"tenant": ("t", 1)}, receives="...") == ("t", 1)
+    with pytest.raises(ConfigurationError, match="by_tenant raised KeyError") as raised:
+        partition_of(by_tenant, ("b",), receives="the call's arguments")
+    assert "it receives the call's arguments and must return a hashable key" in str(raised.value)
+    assert isinstance(raised.value.__cause__, KeyError)
+    with pytest.raises(ConfigurationError, match=r"returned \['t'\], which is not hashable"):
+        partition_of(by_tenant, ("x",), {"tenant": ["t"]}, receives="the call's arguments")

@@ -20,16 +20,14 @@ from coalesce._exceptions import (
 )
 from coalesce._wire.outcomes import FailureKind, ItemFailure, Split, failure_error
 from coalesce._wire.packing import (
-    anthropic_tool,
-    build_reply_schema,
     format_instructions,
     make_ids,
-    openai_response_format,
     pack_items,
     pack_request,
     split_reply,
-    strict_openai_schema,
 )
+from coalesce._wire.schema import build_reply_schema
+from coalesce.providers._shapes import anthropic_tool, openai_response_format, strict_openai_schema
 
 NASTY = [
     'he said "hi"',

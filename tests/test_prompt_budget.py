@@ -85,7 +85,7 @@ async def test_tighter_budgets_give_smaller_groups() -> None:
 
 async def test_an_unmeetable_budget_is_reported_not_silently_missed() -> None:
     _sim, stats, latencies = await run(0.2, calls=20)
-    assert stats.batches_by_reason["solo"] == 20
+    assert stats.dispatch_reasons["solo"] == 20
     assert stats.mean_batch_size == 1
     # Nobody waits past the budget: each caller is freed at its deadline, with an error.
     assert latencies == [math.inf] * 20
@@ -93,7 +93,7 @@ async def test_an_unmeetable_budget_is_reported_not_silently_missed() -> None:
 
 async def test_an_explicit_timeout_lets_calls_outlive_their_budget() -> None:
     _sim, stats, latencies = await run(0.2, calls=5, timeout=10.0)
-    assert stats.batches_by_reason["solo"] == 5
+    assert stats.dispatch_reasons["solo"] == 5
     assert all(0.2 < t < 10.0 for t in latencies), latencies
 
 
@@ -108,7 +108,7 @@ async def test_per_call_budget_override() -> None:
 
     with coalesce.latency_budget(0.2), pytest.raises(coalesce.RequestTimeoutError, match=r"0\.2 s"):
         await tag("urgent")
-    assert tag.batcher_statistics().batches_by_reason["solo"] == 1
+    assert tag.batcher_statistics().dispatch_reasons["solo"] == 1
     assert tag.statistics().unmeetable_budgets == 1
     with (
         pytest.raises(coalesce.ConfigurationError, match="latency_budget"),

@@ -17,7 +17,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coalesce import ConfigurationError, DispatchReason
+from coalesce import BatcherStatistics, ConfigurationError, DispatchReason
+from coalesce._observe.events import EventSink
 from coalesce._observe.recorder import (
     CallEvent,
     ContradictionEvent,
@@ -28,7 +29,9 @@ from coalesce._observe.recorder import (
     RequestEvent,
     RetryEvent,
     UnmeetableEvent,
+    merge_parts,
 )
+from coalesce._observe.telemetry import Telemetry
 from coalesce._pricing import DEFAULT_PRICES, Price, cost, price_for
 from coalesce.providers import Usage
 
@@ -360,8 +363,9 @@ def test_a_failing_hook_is_logged_and_ignored(caplog: pytest.LogCaptureFixture) 
 
 def test_no_telemetry_without_opentelemetry(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "opentelemetry.metrics", None)  # import fails
+    assert Telemetry.create("tag", "my-model", None) is None
     rec = PromptRecorder("tag", "my-model")
-    assert rec._otel is None
+    assert rec._telemetry is None
     rec.call_finished(1.0, ok=True)
     assert rec.snapshot().calls == 1
 
@@ -466,3 +470,105 @@ def test_a_contradiction_is_counted_logged_and_sent_to_the_hook(
     assert rec.snapshot().contradictions == 2
     assert events == [ContradictionEvent("tag", "my-model", ("2", "5"))]
     assert "contradicted 2 answer(s)" in caplog.text
+
+
+# --- the event sink -----------------------------------------------------------
+
+
+def test_the_sink_logs_then_calls_the_hook_and_counts_its_errors(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    seen: list[Event] = []
+    sink = EventSink("tag", seen.append)
+    assert sink.watched(logging.INFO)  # a hook always listens
+    event = RetryEvent("tag", "m", 1, 0.5, None)
+    with caplog.at_level(logging.DEBUG, logger="coalesce"):
+        sink.emit(event, logging.INFO)
+    assert seen == [event]
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [(logging.INFO, str(event))]
+
+    def broken(event: Event) -> None:
+        raise RuntimeError("oops")
+
+    sink.on_event = broken
+    sink.emit(event)
+    assert sink.hook_errors == 1
+
+
+def test_an_unwatched_sink_says_so() -> None:
+    logging.getLogger("coalesce").setLevel(logging.WARNING)
+    try:
+        sink = EventSink("tag")
+        assert not sink.watched()
+        assert sink.watched(logging.ERROR)
+    finally:
+        logging.getLogger("coalesce").setLevel(logging.NOTSET)
+
+
+# --- statistics parts ---------------------------------------------------------
+
+
+class Part:
+    """A statistics part giving fixed fields, counting how often it is asked."""
+
+    def __init__(self, **fields: Any) -> None:
+        self.fields = fields
+        self.asked = 0
+
+    def statistics(self) -> dict[str, Any]:
+        self.asked += 1
+        return self.fields
+
+
+def test_a_part_adds_its_fields_to_every_snapshot() -> None:
+    rec = recorder(prices=ROUND)
+    part = Part(vote_requests=3, votes_settled=1)
+    rec.add_part(part)
+    rec.call_finished(1.0, ok=True)
+    stats = rec.snapshot()
+    assert (stats.vote_requests, stats.votes_settled, stats.calls) == (3, 1, 1)
+    part.fields["vote_requests"] = 4
+    assert (rec.snapshot().vote_requests, part.asked) == (4, 2)
+
+
+def test_a_part_replaces_the_recorders_own_fields() -> None:
+    rec = recorder(prices=ROUND)
+    rec.dispatched(DispatchReason.FULL, 4)
+    rec.extra_done("vote", None)
+    rec.add_part(Part(dispatch_reasons={"window": 2}, vote_requests=0))
+    stats = rec.snapshot()
+    assert stats.dispatch_reasons == {"window": 2}
+    assert stats.vote_requests == 0
+
+
+def test_parts_give_separate_fields() -> None:
+    rec = recorder()
+    rec.add_part(Part(shadow_requests=1))
+    rec.add_part(Part(vote_requests=2))
+    assert (rec.snapshot().shadow_requests, rec.snapshot().vote_requests) == (1, 2)
+    rec.add_part(Part(vote_requests=5, votes_settled=1))
+    with pytest.raises(ValueError, match=r"fields \['vote_requests'\] already given"):
+        rec.snapshot()
+
+
+def test_a_part_gives_only_statistics_fields() -> None:
+    with pytest.raises(ValueError, match=r"unknown fields \['vote_rate'\]"):
+        merge_parts([Part(vote_rate=0.5)])
+    assert merge_parts([]) == {}
+
+
+# --- one name for dispatch reasons ---------------------------------------------
+
+
+def test_batcher_and_prompt_statistics_name_dispatch_reasons_alike() -> None:
+    assert "dispatch_reasons" in BatcherStatistics._fields
+    assert "dispatch_reasons" in PromptStatistics._fields
+    assert "batches_by_reason" not in BatcherStatistics._fields
+
+
+def test_batches_by_reason_is_a_deprecated_alias() -> None:
+    nan = math.nan
+    stats = BatcherStatistics(1, 1, 0, 0, 1, {"full": 1}, 1.0, 1, 0, 0, nan, nan, nan)
+    with pytest.warns(DeprecationWarning, match="use dispatch_reasons"):
+        assert stats.batches_by_reason == {"full": 1}
+    assert stats.dispatch_reasons == {"full": 1}

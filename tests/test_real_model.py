@@ -22,7 +22,8 @@ from pydantic import BaseModel, TypeAdapter
 
 import _llama
 from coalesce._wire.outcomes import FailureKind, Split
-from coalesce._wire.packing import PackedRequest, openai_response_format, pack_request, split_reply
+from coalesce._wire.packing import PackedRequest, pack_request, split_reply
+from coalesce.providers._shapes import openai_response_format
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 

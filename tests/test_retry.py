@@ -15,7 +15,7 @@ import anyio.lowlevel
 import httpx
 import openai
 import pytest
-from coalesce._engine.engine.retry import (
+from coalesce._engine.retry import (
     backoff_delay,
     complete_with_retries,
     next_wait,

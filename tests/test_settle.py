@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from coalesce._engine.engine.settle import Settlement, give_up_error, settle
+from coalesce._engine.settle import Settlement, give_up_error, settle
 from hypothesis import given
 from hypothesis import strategies as st
 

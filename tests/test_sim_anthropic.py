@@ -11,7 +11,8 @@ import anyio
 import pytest
 from pydantic import BaseModel
 
-from coalesce._wire.packing import anthropic_tool, pack_request, split_reply
+from coalesce._wire.packing import pack_request, split_reply
+from coalesce.providers._shapes import anthropic_tool
 from coalesce.testing import (
     LatencyProfile,
     RateLimit,

@@ -18,7 +18,8 @@ from pydantic import BaseModel, Field, TypeAdapter
 
 import coalesce
 from coalesce._exceptions import ConfigurationError
-from coalesce._wire.packing import anthropic_tool, openai_response_format, pack_request
+from coalesce._wire.packing import pack_request
+from coalesce.providers._shapes import anthropic_tool, openai_response_format
 from coalesce.testing import (
     PackingDegradation,
     SimulatedProvider,

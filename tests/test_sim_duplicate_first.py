@@ -21,7 +21,8 @@ import pytest
 from pydantic import BaseModel
 
 from coalesce._exceptions import ConfigurationError
-from coalesce._wire.packing import anthropic_tool, openai_response_format, pack_request
+from coalesce._wire.packing import pack_request
+from coalesce.providers._shapes import anthropic_tool, openai_response_format
 from coalesce.testing import Fault, FaultPlan, SimulatedProvider, expected_output
 from coalesce.testing._faults import damage_results, wrong_output
 

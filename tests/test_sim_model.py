@@ -189,7 +189,7 @@ def test_item_output_schema_of_a_results_schema() -> None:
 
 
 def test_item_output_schema_of_a_keyed_results_schema() -> None:
-    from coalesce._wire.packing import build_reply_schema
+    from coalesce._wire.schema import build_reply_schema
 
     for pin in (True, False):
         root = build_reply_schema(Review.model_json_schema(), ["1", "2"], pin=pin)
@@ -200,7 +200,7 @@ def test_item_output_schema_of_a_keyed_results_schema() -> None:
 
 
 def test_item_output_schema_rebases_references_to_the_output() -> None:
-    from coalesce._wire.packing import build_reply_schema
+    from coalesce._wire.schema import build_reply_schema
 
     root = build_reply_schema(Tree.model_json_schema(), ["1"], pin=True)
     schema = item_output_schema(root)

@@ -16,7 +16,8 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from coalesce._wire.packing import openai_response_format, pack_request, split_reply
+from coalesce._wire.packing import pack_request, split_reply
+from coalesce.providers._shapes import openai_response_format
 from coalesce.testing import (
     FaultPlan,
     LatencyProfile,

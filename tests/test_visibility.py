@@ -17,12 +17,12 @@ from typing import Any, Literal
 import anyio
 import pydantic
 import pytest
-from coalesce._engine.engine.engine import Engine
-from coalesce._engine.engine.spec import FunctionSpec, Options
 from pydantic import BaseModel
 
 import coalesce
 from coalesce import CallEvent, DispatchEvent, Event, RequestEvent, RetryEvent
+from coalesce._engine.engine import Engine
+from coalesce._engine.spec import FunctionSpec, Options
 from coalesce._observe import recorder as prompt_stats
 from coalesce._observe.events import RequestLabel, option_changes
 from coalesce._observe.recorder import PromptRecorder

@@ -17,13 +17,10 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 import coalesce
 from coalesce._observe.listeners import apportion, split_usage
 from coalesce._wrap import wrap
-from coalesce._wrap.plan import (
-    HEADERS,
-    CallHeaders,
-    anthropic_plan,
-    coalesce_headers,
-    openai_plan,
-)
+from coalesce._wrap.anthropic_messages import anthropic_create_call
+from coalesce._wrap.headers import HEADERS, CallHeaders, coalesce_headers
+from coalesce._wrap.openai_chat import openai_create_call
+from coalesce._wrap.registry import TRANSLATORS
 from coalesce.testing import FaultPlan, SimulatedProvider
 
 TEXT = {"type": "string"}
@@ -59,8 +56,8 @@ def msg(text: str, **extra: Any) -> dict[str, Any]:
 # -- pure decisions -------------------------------------------------------------------
 
 
-def test_openai_plan_item_and_key() -> None:
-    a, b = openai_plan(chat("hello")), openai_plan(chat("bye"))
+def test_openai_create_call_item_and_key() -> None:
+    a, b = openai_create_call(chat("hello")), openai_create_call(chat("bye"))
     assert a is not None
     assert b is not None
     assert (a.item, b.item) == ("hello", "bye")
@@ -85,7 +82,7 @@ def test_openai_plan_item_and_key() -> None:
     ],
 )
 def test_openai_key_separates(changed: dict[str, Any]) -> None:
-    base, other = openai_plan(chat("x")), openai_plan({**chat("x"), **changed})
+    base, other = openai_create_call(chat("x")), openai_create_call({**chat("x"), **changed})
     assert base is not None
     assert other is not None
     assert base.key != other.key
@@ -98,11 +95,11 @@ def test_earlier_turns_go_into_the_instructions() -> None:
         {"role": "assistant", "content": "Hello Ada."},
         {"role": "user", "content": "What is my name?"},
     ]
-    plan = openai_plan({"model": "m", "messages": messages})
-    assert plan is not None
-    assert plan.item == "What is my name?"
-    assert "[user] My name is Ada." in plan.instructions
-    assert "[assistant] Hello Ada." in plan.instructions
+    call = openai_create_call({"model": "m", "messages": messages})
+    assert call is not None
+    assert call.item == "What is my name?"
+    assert "[user] My name is Ada." in call.instructions
+    assert "[assistant] Hello Ada." in call.instructions
 
 
 @pytest.mark.parametrize(
@@ -131,38 +128,40 @@ def test_earlier_turns_go_into_the_instructions() -> None:
     ],
 )
 def test_openai_passthrough(extra: dict[str, Any]) -> None:
-    assert openai_plan({**chat("x"), **extra}) is None
+    assert openai_create_call({**chat("x"), **extra}) is None
 
 
 def test_streamed_calls_coalesce_among_themselves() -> None:
-    plain = openai_plan(chat("x"))
-    streamed = openai_plan(chat("x", stream=True, stream_options={"include_usage": True}))
+    plain = openai_create_call(chat("x"))
+    streamed = openai_create_call(chat("x", stream=True, stream_options={"include_usage": True}))
     assert plain is not None
     assert streamed is not None
     assert (streamed.stream, streamed.include_usage) == (True, True)
     assert streamed.key != plain.key
-    unstreamed = openai_plan(chat("x", stream=False))
+    unstreamed = openai_create_call(chat("x", stream=False))
     assert unstreamed is not None
     assert unstreamed.key == plain.key
-    told = anthropic_plan(msg("x", stream=True))
+    told = anthropic_create_call(msg("x", stream=True))
     assert told is not None
     assert told.stream
 
 
 def test_openai_json_schema_is_the_output_schema() -> None:
     rf = {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}}
-    plan = openai_plan(chat("x", response_format=rf, n=1, temperature=0))
-    assert plan is not None
-    assert plan.output_schema == SCHEMA
-    assert plan.options == {"temperature": 0}
+    call = openai_create_call(chat("x", response_format=rf, n=1, temperature=0))
+    assert call is not None
+    assert call.output_schema == SCHEMA
+    assert call.options == {"temperature": 0}
 
 
-def test_anthropic_plan() -> None:
-    plan = anthropic_plan(msg("hi", system=[{"type": "text", "text": "Be kind."}], temperature=0))
-    assert plan is not None
-    assert (plan.item, plan.item_cap, plan.tool) == ("hi", 200, None)
-    assert plan.instructions.startswith("Be kind.")
-    forced = anthropic_plan(
+def test_anthropic_create_call() -> None:
+    call = anthropic_create_call(
+        msg("hi", system=[{"type": "text", "text": "Be kind."}], temperature=0)
+    )
+    assert call is not None
+    assert (call.item, call.item_cap, call.tool) == ("hi", 200, None)
+    assert call.instructions.startswith("Be kind.")
+    forced = anthropic_create_call(
         msg(
             "hi",
             tools=[{"name": "out", "input_schema": SCHEMA}],
@@ -190,7 +189,7 @@ def test_anthropic_plan() -> None:
     ],
 )
 def test_anthropic_passthrough(extra: dict[str, Any]) -> None:
-    assert anthropic_plan({**msg("x"), **extra}) is None
+    assert anthropic_create_call({**msg("x"), **extra}) is None
 
 
 def test_coalesce_headers_strip_coalesce_headers() -> None:
@@ -270,6 +269,23 @@ def test_wrap_rejects_other_clients() -> None:
         wrap(wrap(raw, packing="always"), packing="always")
 
 
+@pytest.mark.parametrize("sdk", ["openai", "anthropic"])
+def test_the_registry_names_every_method_wrap_intercepts(sdk: str) -> None:
+    sim = SimulatedProvider()
+    raw: Any = sim.openai_client() if sdk == "openai" else sim.anthropic_client()
+    client: Any = wrap(raw, packing="always")
+    for path in TRANSLATORS[sdk]:
+        ours, theirs = client, raw
+        for name in path.split("."):
+            ours, theirs = getattr(ours, name), getattr(theirs, name)
+        assert ours != theirs, path  # a coalescing method in place of the SDK's
+    resource = "chat.completions" if sdk == "openai" else "messages"
+    ours, theirs = client, raw
+    for name in resource.split("."):
+        ours, theirs = getattr(ours, name), getattr(theirs, name)
+    assert ours.with_raw_response is theirs.with_raw_response  # not in the table: the SDK's
+
+
 @pytest.mark.parametrize(
     ("option", "message"),
     [
@@ -307,9 +323,9 @@ async def test_timeout_context_window_and_schema_enforcement_reach_the_engine() 
         packing="always",
     ) as client:
         await client.messages.create(**msg("x"))
-        plan = anthropic_plan(msg("x"))
-        assert plan is not None
-        engine = cast(Any, client)._engines.engine(plan)
+        call = anthropic_create_call(msg("x"))
+        assert call is not None
+        engine = cast(Any, client)._engines.engine(call)
     chosen = engine.options
     assert (chosen.timeout, chosen.context_window, chosen.schema_enforced) == (7.5, 50_000, True)
 

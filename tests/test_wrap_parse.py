@@ -1,6 +1,6 @@
 """``coalesce.wrap(client)``'s ``parse()``: the SDKs' structured-output helpers coalesce
 like the ``create()`` call they send, and each caller gets the SDK's parsed object of its
-own type. Pure plans first, then the official SDKs against the simulated provider."""
+own type. Pure reads first, then the official SDKs against the simulated provider."""
 
 from __future__ import annotations
 
@@ -20,8 +20,10 @@ from typing_extensions import assert_type
 
 import coalesce
 from coalesce._wrap import wrap
-from coalesce._wrap.parse import anthropic_parse_plan, openai_parse_plan
-from coalesce._wrap.plan import anthropic_plan, openai_plan
+from coalesce._wrap.anthropic_messages import anthropic_create_call
+from coalesce._wrap.anthropic_parse import anthropic_parse_call
+from coalesce._wrap.openai_chat import openai_create_call
+from coalesce._wrap.openai_parse import openai_parse_call
 from coalesce.testing import SimulatedProvider
 
 T = TypeVar("T")
@@ -69,26 +71,26 @@ def anthropic_format(model: type[pydantic.BaseModel]) -> dict[str, Any]:
     return {"type": "json_schema", "schema": schema}
 
 
-# -- pure plans -----------------------------------------------------------------------
+# -- pure reads -----------------------------------------------------------------------
 
 
-def test_openai_parse_is_planned_as_the_create_call_the_sdk_sends() -> None:
-    parsed = openai_parse_plan(chat("x", response_format=Verdict, temperature=0))
-    created = openai_plan(
+def test_openai_parse_is_read_as_the_create_call_the_sdk_sends() -> None:
+    parsed = openai_parse_call(chat("x", response_format=Verdict, temperature=0))
+    created = openai_create_call(
         chat("x", response_format=type_to_response_format_param(Verdict), temperature=0)
     )
     assert parsed is not None
     assert parsed == created
     assert parsed.output_schema == openai_schema(Verdict)
-    text = openai_parse_plan(chat("x"))
+    text = openai_parse_call(chat("x"))
     assert text is not None
     assert text.output_schema is None
 
 
 def test_openai_parse_keys_differ_by_response_model() -> None:
     verdict, topic = (
-        openai_parse_plan(chat("x", response_format=Verdict)),
-        openai_parse_plan(chat("x", response_format=Topic)),
+        openai_parse_call(chat("x", response_format=Verdict)),
+        openai_parse_call(chat("x", response_format=Topic)),
     )
     assert verdict is not None
     assert topic is not None
@@ -113,22 +115,22 @@ class NotAModel:
     ],
 )
 def test_openai_parse_passthrough(extra: dict[str, Any]) -> None:
-    assert openai_parse_plan({**chat("x", response_format=Verdict), **extra}) is None
+    assert openai_parse_call({**chat("x", response_format=Verdict), **extra}) is None
 
 
-def test_anthropic_parse_is_planned_as_create_with_output_config() -> None:
-    parsed = anthropic_parse_plan(msg("x", output_format=Verdict, temperature=0))
-    created = anthropic_plan(
+def test_anthropic_parse_is_read_as_create_with_output_config() -> None:
+    parsed = anthropic_parse_call(msg("x", output_format=Verdict, temperature=0))
+    created = anthropic_create_call(
         msg("x", output_config={"format": anthropic_format(Verdict)}, temperature=0)
     )
     assert parsed is not None
     assert parsed == created
     assert (parsed.output_schema, parsed.tool) == (anthropic_format(Verdict)["schema"], None)
-    topic = anthropic_parse_plan(msg("x", output_format=Topic))
+    topic = anthropic_parse_call(msg("x", output_format=Topic))
     assert topic is not None
     assert topic.key != parsed.key
-    text = anthropic_parse_plan(msg("x", output_format=None))
-    assert text == anthropic_plan(msg("x"))
+    text = anthropic_parse_call(msg("x", output_format=None))
+    assert text == anthropic_create_call(msg("x"))
 
 
 @pytest.mark.parametrize(
@@ -145,7 +147,7 @@ def test_anthropic_parse_is_planned_as_create_with_output_config() -> None:
     ],
 )
 def test_anthropic_parse_passthrough(extra: dict[str, Any]) -> None:
-    assert anthropic_parse_plan({**msg("x", output_format=Verdict), **extra}) is None
+    assert anthropic_parse_call({**msg("x", output_format=Verdict), **extra}) is None
 
 
 @pytest.mark.parametrize(
@@ -160,8 +162,8 @@ def test_anthropic_parse_passthrough(extra: dict[str, Any]) -> None:
 def test_anthropic_create_coalesces_output_config_of_one_json_schema_only(
     output_config: dict[str, Any],
 ) -> None:
-    assert anthropic_plan(msg("x", output_config={"format": anthropic_format(Verdict)}))
-    assert anthropic_plan(msg("x", output_config=output_config)) is None
+    assert anthropic_create_call(msg("x", output_config={"format": anthropic_format(Verdict)}))
+    assert anthropic_create_call(msg("x", output_config=output_config)) is None
 
 
 # -- against the simulated provider ---------------------------------------------------

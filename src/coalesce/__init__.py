@@ -12,7 +12,7 @@ from ._batching.batch import BatchMethod, batch
 from ._batching.batcher import Batcher
 from ._batching.policy import DispatchPolicy, DispatchReason, Due
 from ._batching.stats import BatcherStatistics
-from ._engine.engine import latency_budget
+from ._engine.budget import latency_budget
 from ._exceptions import (
     BatcherClosedError,
     BatchError,

@@ -9,7 +9,7 @@ writes it down once, as a :class:`RequestReport`, and hands it to a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from ._planning.planner import PlanItem
     from .providers import Completion
 
-__all__ = ["GroupObserver", "Job", "Observers", "RequestReport", "Retry"]
+__all__ = ["GroupObserver", "Job", "NoObserver", "Observers", "RequestReport", "Retry", "Runner"]
 
 
 @dataclass(eq=False)
@@ -175,6 +175,29 @@ class GroupObserver(Protocol):
 
     def group_done(self, jobs: Sequence[Job]) -> None:
         """Every call of a group has its outcome."""
+
+
+class NoObserver:
+    """A :class:`GroupObserver` that listens to nothing: subclass it and override what
+    you listen to."""
+
+    def request_sent(self, slots: Mapping[str, Sequence[Job]], reask: bool) -> None:
+        """Nothing to do when a request is sent."""
+
+    def request_done(self, report: RequestReport) -> None:
+        """Nothing to do when a request is done."""
+
+    def retrying(self, retry: Retry) -> None:
+        """Nothing to do when a request is retried."""
+
+    def group_done(self, jobs: Sequence[Job]) -> None:
+        """Nothing to do when a group is done."""
+
+
+#: Asks for a group of calls and hands each its outcome: ``await runner(jobs, resolve)``
+#: calls ``resolve(index, outcome)`` once for every job (an outcome is a value or an
+#: exception). The group runner is one; the vote and the shadow guard wrap one.
+Runner = Callable[[list[Job], Callable[[int, Any], None]], Awaitable[None]]
 
 
 class Observers:

@@ -204,7 +204,7 @@ async def run(
         prompt_tokens=stats.input_tokens,
         completion_tokens=stats.output_tokens,
         mean_group=batches.mean_batch_size,
-        reasons={reason: n for reason, n in batches.batches_by_reason.items() if n},
+        reasons={reason: n for reason, n in batches.dispatch_reasons.items() if n},
         cached_tokens=stats.cached_input_tokens,
         smallest_paying_group=stats.smallest_paying_group,
     )

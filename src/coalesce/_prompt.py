@@ -21,17 +21,12 @@ from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 
 import pydantic
 
+from . import _defaults
 from ._batching.stats import BatcherStatistics
 from ._engine.engine import Engine
-from ._engine.spec import (
-    DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_MAX_ITEMS,
-    DEFAULT_MAX_RETRIES,
-    DEFAULT_MAX_WAIT,
-    FunctionSpec,
-    Options,
-)
+from ._engine.spec import FunctionSpec, Options
 from ._exceptions import ConfigurationError
+from ._lanes.router import LaneRouter
 from ._observe.recorder import EventHook, PromptStatistics
 from ._planning.latency import LatencyPrior
 from ._planning.tokens import TokenEstimator
@@ -59,11 +54,12 @@ class PromptFunction(Generic[P, Out]):
     def __init__(
         self,
         fn: Callable[P, Awaitable[Any]],
-        engine: Engine,
+        lanes: LaneRouter,
         partition: Callable[..., Hashable] | None = None,
     ) -> None:
         self._fn = fn
-        self._engine = engine
+        self._lanes = lanes
+        self._engine = lanes.engine
         self._partition = partition
         self._signature = inspect.signature(fn)
         self._instance: Any = _UNBOUND
@@ -88,7 +84,7 @@ class PromptFunction(Generic[P, Out]):
             args = (self._instance, *args)  # type: ignore[assignment]
         item = await self._item(args, kwargs)
         partition = self._key(args, kwargs)
-        return await self._engine.submit(item, partition=partition)  # type: ignore[no-any-return]
+        return await self._lanes.submit(item, partition=partition)  # type: ignore[no-any-return]
 
     def _key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable:
         """This call's partition key; a partition function that fails fails this call only."""
@@ -140,11 +136,11 @@ class PromptFunction(Generic[P, Out]):
 
     def batcher_statistics(self) -> BatcherStatistics:
         """The underlying batcher's counters (windows, waits, dispatch reasons)."""
-        return self._engine.batcher_statistics()
+        return self._engine.batcher.statistics()
 
     async def aclose(self) -> None:
         """Send every pending call now, wait for all of them, refuse new calls."""
-        await self._engine.aclose()
+        await self._lanes.aclose()
 
     def __repr__(self) -> str:
         """Live state: ``<coalesce.prompt tag model='gpt-4o-mini' budget=2s: 412 calls, ...>``."""
@@ -156,13 +152,13 @@ def prompt(
     client: Any,
     model: str,
     instructions: str | None = None,
-    max_wait: float = DEFAULT_MAX_WAIT,
-    max_items: int = DEFAULT_MAX_ITEMS,
+    max_wait: float = _defaults.PROMPT_MAX_WAIT,
+    max_items: int = _defaults.PROMPT_MAX_ITEMS,
     max_concurrency: int | None = None,
     latency_budget: float | None = None,
     partition: Callable[..., Hashable] | None = None,
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-    max_retries: int = DEFAULT_MAX_RETRIES,
+    max_attempts: int = _defaults.MAX_ATTEMPTS,
+    max_retries: int = _defaults.MAX_RETRIES,
     max_output_tokens: int | None = None,
     stream: bool = True,
     dedupe: bool = False,
@@ -303,7 +299,7 @@ def _decorate(
         validate=adapter.validate_python,
         request_options=dict(request_options),
     )
-    return PromptFunction(fn, Engine(spec, options), partition)
+    return PromptFunction(fn, LaneRouter(Engine(spec, options)), partition)
 
 
 def _output_type(fn: Any) -> Any:

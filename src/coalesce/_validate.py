@@ -2,25 +2,56 @@
 
 The option checks raise :class:`~coalesce.ConfigurationError` naming the option, the
 value it got and the range it accepts, at decoration time rather than on the first
-call; :func:`jsonable` raises :class:`~coalesce.InvalidInputError` for one call's item
-that cannot be sent, naming where in the item the problem is.
+call; :func:`partition_of` names a partition function that fails one call.
+
+One call's item is checked in two steps, each raising
+:class:`~coalesce.InvalidInputError` for that call alone and naming where in the item
+the problem is, as a JSON path (``$.tags[2]``, ``$["a b"]``: :func:`json_path`):
+
+* :func:`jsonable` turns the caller's arguments into JSON data (pydantic's
+  conversion: models, dataclasses, dates...), refusing binary data and objects it
+  cannot convert;
+* :func:`encode_item` writes that data as canonical JSON, refusing what strict JSON
+  cannot carry: NaN or infinity, a lone surrogate, which UTF-8 cannot encode, a key
+  that is not a string or a number, a circular reference, any other object.
+
+Both search the item for the offending part with one walk (:func:`_search`).
 """
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pydantic_core
 
 from ._exceptions import ConfigurationError, InvalidInputError
 
-__all__ = ["check_callable", "check_int", "check_seconds", "jsonable"]
+__all__ = [
+    "check_callable",
+    "check_int",
+    "check_item",
+    "check_seconds",
+    "encode_item",
+    "json_path",
+    "jsonable",
+    "partition_of",
+]
 
 _BINARY = (bytes, bytearray, memoryview)
-# How deep the search for the offending part of an item goes (it also stops cycles).
+# How deep the search for the part pydantic cannot convert goes.
 _MAX_DEPTH = 32
+
+_VALID = (
+    "valid items hold only objects with string keys, arrays, strings, finite numbers,"
+    " true, false and null"
+)
+
+Found = tuple[str, Any]
+"""Where in an item a problem is (its JSON path), and what: the part, or a description."""
 
 
 def check_int(name: str, value: Any, *, minimum: int = 1, optional: bool = False) -> int | None:
@@ -59,6 +90,127 @@ def check_callable(name: str, value: Any) -> Any:
     return value
 
 
+def partition_of(
+    partition: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    receives: str,
+) -> Hashable:
+    """What the user's ``partition`` function says of one call: a hashable key.
+
+    Args:
+        partition: The ``partition=`` option.
+        args: Its positional arguments for this call.
+        kwargs: Its keyword arguments for this call.
+        receives: What those are, for the message (``"the call's arguments"``).
+
+    Raises:
+        ConfigurationError: ``partition`` raised (the cause), or returned a value that
+            is not hashable; only this call fails.
+    """
+    name = getattr(partition, "__qualname__", repr(partition))
+    try:
+        key = partition(*args, **(kwargs or {}))
+    except Exception as exc:
+        raise ConfigurationError(
+            f"the partition function {name} raised {exc!r} for this call; it receives"
+            f" {receives} and must return a hashable key (a str, an int or a tuple of them)"
+        ) from exc
+    try:
+        hash(key)
+    except TypeError as exc:
+        raise ConfigurationError(
+            f"the partition function {name} returned {key!r}, which is not hashable; return"
+            " a str, an int or a tuple of them"
+        ) from exc
+    return key  # type: ignore[no-any-return]
+
+
+def json_path(path: str, key: Any) -> str:
+    """The JSON path of ``key`` under ``path``: ``$.text``, or ``$["a b"]`` (ASCII-escaped).
+
+    Args:
+        path: The path of the object holding ``key`` (``"$"`` for the item itself).
+        key: A key of that object (not necessarily a string).
+    """
+    name = str(key)
+    if name.isidentifier() and name.isascii():
+        return f"{path}.{name}"
+    return f"{path}[{json.dumps(name)}]"
+
+
+# -- the one walk -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Rules:
+    """What one search of an item refuses.
+
+    Attributes:
+        leaf: The problem of a part that is not searched further (not a container, or
+            one at ``max_depth``), or ``None``.
+        circular: The problem of a container met again inside itself.
+        mappings: The mapping types searched (others are leaves).
+        key: The problem of one key of a mapping, asked before its values.
+        keys: The problem of a mapping's keys together, asked after its values.
+        max_depth: How deep containers are searched (``None``: no limit).
+    """
+
+    leaf: Callable[[Any, str], Found | None]
+    circular: Callable[[Any, str], Found | None]
+    mappings: type | tuple[type, ...] = Mapping
+    key: Callable[[Any, str], Found | None] | None = None
+    keys: Callable[[Any, str], Found | None] | None = None
+    max_depth: int | None = None
+
+
+def _search(value: Any, path: str, rules: _Rules, active: set[int], depth: int = 0) -> Found | None:
+    """The first problem (depth first, in the item's order) under ``value`` at ``path``."""
+    mapping = isinstance(value, rules.mappings)
+    deep = rules.max_depth is not None and depth >= rules.max_depth
+    if deep or not (mapping or isinstance(value, (list, tuple))):
+        return rules.leaf(value, path)
+    if id(value) in active:
+        return rules.circular(value, path)
+    active.add(id(value))
+    try:
+        if mapping:
+            return _search_mapping(value, path, rules, active, depth)
+        parts = ((f"{path}[{index}]", part) for index, part in enumerate(value))
+        return _first(parts, rules, active, depth)
+    finally:
+        active.discard(id(value))
+
+
+def _search_mapping(
+    value: Any, path: str, rules: _Rules, active: set[int], depth: int
+) -> Found | None:
+    if rules.key is not None:
+        for key in value:
+            found = rules.key(key, path)
+            if found is not None:
+                return found
+    parts = ((json_path(path, key), part) for key, part in value.items())
+    found = _first(parts, rules, active, depth)
+    if found is None and rules.keys is not None:
+        return rules.keys(value, path)
+    return found
+
+
+def _first(
+    parts: Iterable[tuple[str, Any]], rules: _Rules, active: set[int], depth: int
+) -> Found | None:
+    for path, part in parts:
+        found = _search(part, path, rules, active, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
+# -- step 1: the caller's arguments as JSON data ------------------------------------------
+
+
 def jsonable(value: Any, *, field: str, subject: str) -> Any:
     """``value`` as JSON data (pydantic's conversion: models, dataclasses, dates...).
 
@@ -75,14 +227,23 @@ def jsonable(value: Any, *, field: str, subject: str) -> Any:
         InvalidInputError: Naming the part that cannot be sent, its type and the fix;
             its ``field`` says where the part is.
     """
-    binary = _find(value, field, _is_binary, 0)
+    binary = _search(value, field, _BINARY_PARTS, set())
     if binary is not None:
         raise _refused(subject, field, *binary)
     try:
         return pydantic_core.to_jsonable_python(value)
     except (TypeError, ValueError) as exc:
-        culprit = _find(value, field, _not_jsonable, 0) or (field, value)
+        culprit = _search(value, field, _UNCONVERTIBLE_PARTS, set()) or (field, value)
         raise _refused(subject, field, *culprit) from exc
+
+
+def _when(bad: Callable[[Any], bool]) -> Callable[[Any, str], Found | None]:
+    """A leaf rule: the part itself, where ``bad`` says so."""
+
+    def leaf(value: Any, path: str) -> Found | None:
+        return (path, value) if bad(value) else None
+
+    return leaf
 
 
 def _is_binary(value: Any) -> bool:
@@ -97,19 +258,9 @@ def _not_jsonable(value: Any) -> bool:
     return False
 
 
-def _find(value: Any, path: str, bad: Callable[[Any], bool], depth: int) -> tuple[str, Any] | None:
-    """The path and value of the first part of ``value`` that is ``bad``, if any."""
-    if depth < _MAX_DEPTH and isinstance(value, Mapping):
-        parts: Any = ((f"{path}.{key}", sub) for key, sub in value.items())
-    elif depth < _MAX_DEPTH and isinstance(value, (list, tuple)):
-        parts = ((f"{path}[{index}]", sub) for index, sub in enumerate(value))
-    else:
-        return (path, value) if bad(value) else None
-    for where, sub in parts:
-        found = _find(sub, where, bad, depth + 1)
-        if found is not None:
-            return found
-    return None
+# A container met again inside itself is judged whole, as one at the depth limit is.
+_BINARY_PARTS = _Rules(_when(_is_binary), _when(_is_binary), max_depth=_MAX_DEPTH)
+_UNCONVERTIBLE_PARTS = _Rules(_when(_not_jsonable), _when(_not_jsonable), max_depth=_MAX_DEPTH)
 
 
 def _refused(subject: str, field: str, path: str, value: Any) -> InvalidInputError:
@@ -127,3 +278,110 @@ def _refused(subject: str, field: str, path: str, value: Any) -> InvalidInputErr
         " numbers, bools, None, lists, dicts, dataclasses or pydantic models",
         field=path,
     )
+
+
+# -- step 2: JSON data as strict, canonical JSON -------------------------------------------
+
+
+def check_item(item: Any) -> None:
+    """Refuse an item that cannot be sent as strict JSON.
+
+    Args:
+        item: The call's input, already converted to JSON-able Python data.
+
+    Raises:
+        InvalidInputError: If it holds NaN or infinity, a lone surrogate (in a string or
+            a key), or a value of a non-JSON type; ``field`` is its JSON path.
+    """
+    encode_item(item)
+
+
+def encode_item(item: Any) -> tuple[str, int]:
+    """The item's canonical JSON (sorted keys, compact) and its size in UTF-8 bytes.
+
+    Args:
+        item: The call's input, already converted to JSON-able Python data.
+
+    Raises:
+        InvalidInputError: As :func:`check_item`.
+    """
+    try:
+        text = json.dumps(
+            item, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False
+        )
+        return text, len(text.encode("utf-8"))
+    except (TypeError, ValueError, RecursionError) as exc:  # UnicodeEncodeError too
+        raise _refusal(item, exc) from None
+
+
+def _refusal(item: Any, cause: BaseException) -> InvalidInputError:
+    """The error naming the first field of ``item`` that JSON cannot carry."""
+    try:
+        found = _search(item, "$", _STRICT, set())
+    except RecursionError:
+        found = ("$", "is nested too deeply to be written as JSON; flatten it")
+    if found is None:
+        reason = str(cause).encode("utf-8", "backslashreplace").decode("utf-8")
+        return InvalidInputError(
+            f"the item cannot be written as JSON ({reason}); {_VALID}", field="$"
+        )
+    path, problem = found
+    return InvalidInputError(f"the item cannot be sent: {path} {problem}", field=path)
+
+
+def _strict_leaf(value: Any, path: str) -> Found | None:
+    if value is None or isinstance(value, (bool, int)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path, _not_finite(value))
+    if isinstance(value, str):
+        return _lone_surrogate(value, path, "holds")
+    kind = type(value).__name__
+    return path, f"is {_article(kind)} {kind}, which is not JSON; convert it first ({_VALID})"
+
+
+def _circular(value: Any, path: str) -> Found:
+    return path, "contains itself (a circular reference), which JSON cannot write"
+
+
+def _key_problem(key: Any, path: str) -> Found | None:
+    if isinstance(key, str):
+        return _lone_surrogate(key, json_path(path, key), "has a key that holds")
+    if isinstance(key, float) and not math.isfinite(key):
+        return path, f"has the key {key!r}; JSON keys are strings"
+    if key is None or isinstance(key, (bool, int, float)):
+        return None
+    kind = type(key).__name__
+    return path, f"has {_article(kind)} {kind} key, which JSON cannot write; use string keys"
+
+
+def _unsortable_keys(value: Any, path: str) -> Found | None:
+    try:
+        sorted(value)  # the canonical form sorts the keys
+    except TypeError:
+        kinds = sorted({type(key).__name__ for key in value})
+        return path, f"has keys of mixed types ({', '.join(kinds)}); use string keys"
+    return None
+
+
+_STRICT = _Rules(_strict_leaf, _circular, dict, _key_problem, _unsortable_keys)
+
+
+def _lone_surrogate(text: str, path: str, verb: str) -> Found | None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        char = text[exc.start]
+        return path, (
+            f"{verb} a lone surrogate {char!a} at index {exc.start}, which UTF-8 cannot"
+            " encode; remove it, or decode the source text with errors='replace'"
+        )
+    return None
+
+
+def _not_finite(value: float) -> str:
+    return f"is {value!r}, which JSON cannot represent; use a finite number or None"
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1].lower() in "aeiou" else "a"

@@ -27,7 +27,7 @@ from typing import Any
 from .._batching.quantile import WindowQuantile
 from .._calls import Job, RequestReport, Retry
 from .._planning.footprint import Footprint
-from .._planning.tokens import OutputTokenTracker
+from .._planning.output import OutputTokenTracker
 from .shadow import wilson_interval
 
 __all__ = ["MISSING", "VoteCosts", "agreed", "disagreement", "settled"]

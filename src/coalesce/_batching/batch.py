@@ -8,7 +8,8 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar, overload
 
 from .._exceptions import ConfigurationError
-from .batcher import Batcher, is_async_callable
+from .batcher import Batcher
+from .options import is_async_callable
 from .policy import DispatchPolicy, DispatchReason
 
 __all__ = ["BatchMethod", "batch"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections import deque
 from collections.abc import Mapping
 from typing import NamedTuple
@@ -55,8 +56,9 @@ class BatcherStatistics(NamedTuple):
     batches: int
     #: Batches by :class:`~coalesce.DispatchReason` value (``"full"``, ``"size"``,
     #: ``"window"``, ``"close"``, and for budget planning ``"deadline"``, ``"solo"``,
-    #: ``"tokens"``).
-    batches_by_reason: Mapping[str, int]
+    #: ``"tokens"``); every reason is present, zero or not. The same name as
+    #: :attr:`coalesce.PromptStatistics.dispatch_reasons`.
+    dispatch_reasons: Mapping[str, int]
     #: Mean items per dispatched batch (NaN before any).
     mean_batch_size: float
     #: Largest batch dispatched so far.
@@ -71,3 +73,13 @@ class BatcherStatistics(NamedTuple):
     wait_p95: float
     #: 99th percentile wait from arrival to dispatch.
     wait_p99: float
+
+    @property
+    def batches_by_reason(self) -> Mapping[str, int]:
+        """Deprecated: the old name of :attr:`dispatch_reasons`."""
+        warnings.warn(
+            "BatcherStatistics.batches_by_reason is deprecated; use dispatch_reasons",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.dispatch_reasons

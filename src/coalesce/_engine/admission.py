@@ -4,9 +4,10 @@ One bad item must not fail its neighbours. So before a call is submitted,
 :meth:`Admission.admit` refuses, with :class:`~coalesce.InvalidInputError` for that
 caller alone:
 
-* an item that is not strict JSON (:func:`encode_item`): NaN or infinity, a string (or
-  key) holding a lone surrogate, which UTF-8 cannot encode, bytes or any other object;
-  the error names the field (``$.tags[2]``) and what would be valid;
+* an item that is not strict JSON (:func:`~coalesce._validate.encode_item`, called as
+  the engine keys the call): NaN or infinity, a string (or key) holding a lone
+  surrogate, which UTF-8 cannot encode, bytes or any other object; the error names the
+  field (``$.tags[2]``) and what would be valid;
 * an item too large for the model's context window
   (:class:`~coalesce._planning.context.ContextWindow`) together with the instructions
   and its expected output.
@@ -22,166 +23,22 @@ a real token count only for an item large enough for the bound to matter.
 
 from __future__ import annotations
 
-import json
-import math
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from .._batching.policy import DispatchPolicy, DispatchReason, Due
 from .._calls import Job
 from .._exceptions import InvalidInputError
 from .._planning.context import ContextWindow
 from .._planning.footprint import Footprint
+from .._planning.longest import bounded_output_tokens
 from .._planning.planner import PlanItem, PlanLimits, group_tokens
-from .._planning.tokens import TokenEstimator, bounded_output_tokens, count_json_tokens
+from .._planning.tokens import TokenEstimator, count_json_tokens
 from .spec import FunctionSpec, Options
 
-__all__ = ["Admission", "ContextPolicy", "admission_for", "check_item", "encode_item"]
-
-_VALID = (
-    "valid items hold only objects with string keys, arrays, strings, finite numbers,"
-    " true, false and null"
-)
+__all__ = ["Admission", "ContextPolicy", "admission_for"]
 
 # The reply cap is reserved whole: lowering it makes room too.
 _CAP_FIX = ", lower max_output_tokens (the reply cap, kept free in the window)"
-
-Found = tuple[str, str]
-"""Where an item breaks JSON (its path) and how."""
-
-
-def check_item(item: Any) -> None:
-    """Refuse an item that cannot be sent as strict JSON.
-
-    Args:
-        item: The call's input, already converted to JSON-able Python data.
-
-    Raises:
-        InvalidInputError: If it holds NaN or infinity, a lone surrogate (in a string or
-            a key), or a value of a non-JSON type; ``field`` is its JSON path.
-    """
-    encode_item(item)
-
-
-def encode_item(item: Any) -> tuple[str, int]:
-    """The item's canonical JSON (sorted keys, compact) and its size in UTF-8 bytes.
-
-    Args:
-        item: The call's input, already converted to JSON-able Python data.
-
-    Raises:
-        InvalidInputError: As :func:`check_item`.
-    """
-    try:
-        text = json.dumps(
-            item, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False
-        )
-        return text, len(text.encode("utf-8"))
-    except (TypeError, ValueError, RecursionError) as exc:  # UnicodeEncodeError too
-        raise _refusal(item, exc) from None
-
-
-def _refusal(item: Any, cause: BaseException) -> InvalidInputError:
-    """The error naming the first field of ``item`` that JSON cannot carry."""
-    try:
-        found = _find(item, "$", set())
-    except RecursionError:
-        found = ("$", "is nested too deeply to be written as JSON; flatten it")
-    if found is None:
-        reason = str(cause).encode("utf-8", "backslashreplace").decode("utf-8")
-        return InvalidInputError(
-            f"the item cannot be written as JSON ({reason}); {_VALID}", field="$"
-        )
-    path, problem = found
-    return InvalidInputError(f"the item cannot be sent: {path} {problem}", field=path)
-
-
-def _find(value: Any, path: str, active: set[int]) -> Found | None:
-    """The first field under ``value`` (at ``path``) that strict JSON cannot carry."""
-    if value is None or isinstance(value, (bool, int)):
-        return None
-    if isinstance(value, float):
-        return None if math.isfinite(value) else (path, _not_finite(value))
-    if isinstance(value, str):
-        return _lone_surrogate(value, path, "holds")
-    if isinstance(value, (list, tuple, dict)):
-        return _find_in_container(value, path, active)
-    kind = type(value).__name__
-    return path, f"is {_article(kind)} {kind}, which is not JSON; convert it first ({_VALID})"
-
-
-def _find_in_container(value: Any, path: str, active: set[int]) -> Found | None:
-    if id(value) in active:
-        return path, "contains itself (a circular reference), which JSON cannot write"
-    active.add(id(value))
-    try:
-        if isinstance(value, dict):
-            return _find_in_dict(value, path, active)
-        return _first(((f"{path}[{i}]", child) for i, child in enumerate(value)), active)
-    finally:
-        active.discard(id(value))
-
-
-def _first(children: Iterable[tuple[str, Any]], active: set[int]) -> Found | None:
-    for path, child in children:
-        found = _find(child, path, active)
-        if found is not None:
-            return found
-    return None
-
-
-def _find_in_dict(value: dict[Any, Any], path: str, active: set[int]) -> Found | None:
-    for key in value:
-        found = _key_problem(key, path)
-        if found is not None:
-            return found
-    found = _first(((_child(path, key), child) for key, child in value.items()), active)
-    if found is None:
-        try:
-            sorted(value)  # the canonical form sorts the keys
-        except TypeError:
-            kinds = sorted({type(key).__name__ for key in value})
-            return path, f"has keys of mixed types ({', '.join(kinds)}); use string keys"
-    return found
-
-
-def _key_problem(key: Any, path: str) -> Found | None:
-    if isinstance(key, str):
-        return _lone_surrogate(key, _child(path, key), "has a key that holds")
-    if isinstance(key, float) and not math.isfinite(key):
-        return path, f"has the key {key!r}; JSON keys are strings"
-    if key is None or isinstance(key, (bool, int, float)):
-        return None
-    kind = type(key).__name__
-    return path, f"has {_article(kind)} {kind} key, which JSON cannot write; use string keys"
-
-
-def _lone_surrogate(text: str, path: str, verb: str) -> Found | None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        char = text[exc.start]
-        return path, (
-            f"{verb} a lone surrogate {char!a} at index {exc.start}, which UTF-8 cannot"
-            " encode; remove it, or decode the source text with errors='replace'"
-        )
-    return None
-
-
-def _not_finite(value: float) -> str:
-    return f"is {value!r}, which JSON cannot represent; use a finite number or None"
-
-
-def _child(path: str, key: Any) -> str:
-    """The JSON path of ``key`` under ``path``: ``$.text``, or ``$["a b"]`` (ASCII-escaped)."""
-    name = str(key)
-    if name.isidentifier() and name.isascii():
-        return f"{path}.{name}"
-    return f"{path}[{json.dumps(name)}]"
-
-
-def _article(word: str) -> str:
-    return "an" if word[:1].lower() in "aeiou" else "a"
 
 
 class Admission:

@@ -28,6 +28,7 @@ import anyio
 from .._accuracy.trust import SchemaTrust, schema_broken
 from .._batching.batcher import Resolve
 from .._calls import GroupObserver, Job, RequestReport
+from .._defaults import REQUEST_TIMEOUT
 from .._exceptions import InvalidInputError, RequestTimeoutError
 from .._planning.context import is_context_error
 from .._planning.cost import PackingCost
@@ -40,7 +41,7 @@ from .._wire.plain import plain_request, split_plain, text_output, wrapped_outpu
 from ..providers import Completion, CompletionRequest
 from .retry import complete_with_retries
 from .settle import give_up_error, settle
-from .spec import DEFAULT_TIMEOUT, FunctionSpec, Options, keyed_replies
+from .spec import FunctionSpec, Options, keyed_replies
 
 __all__ = ["Asked", "Group", "Sent", "build", "judge", "run_group", "send"]
 
@@ -273,10 +274,10 @@ async def _request(group: Group, asked: Asked, sent: Sent, resolve: Resolve) -> 
 
 def _attempt_timeout(options: Options, deadline: float) -> float | None:
     """How long one attempt may run: the ``timeout`` option; without one, a budget's
-    deadline bounds it (callers are freed then), else :data:`DEFAULT_TIMEOUT`."""
+    deadline bounds it (callers are freed then), else :data:`~coalesce._defaults.REQUEST_TIMEOUT`."""
     if options.timeout is not None:
         return options.timeout
-    return None if math.isfinite(deadline) else DEFAULT_TIMEOUT
+    return None if math.isfinite(deadline) else REQUEST_TIMEOUT
 
 
 async def _free_at_deadlines(
@@ -461,7 +462,7 @@ def pinned(group: Group) -> bool:
     cost = group.cost
     if group.trust.enforced or cost is None or cost.cache is None:
         return True
-    return cost.costs.shared < cost.cache.min_tokens
+    return cost.footprint.shared < cost.cache.min_tokens
 
 
 def _writing_order(group: Group, jobs: list[Job], slots: list[list[int]]) -> list[list[int]]:

@@ -8,10 +8,22 @@ naming the value and the range it accepts, not at the first call.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+from .._defaults import (
+    BATCH_WINDOW,
+    LANE,
+    MAX_ATTEMPTS,
+    MAX_RETRIES,
+    MIN_AGREEMENT,
+    PACKING,
+    PROMPT_MAX_ITEMS,
+    PROMPT_MAX_WAIT,
+    SHADOW,
+)
 from .._exceptions import ConfigurationError
 from .._observe.recorder import EventHook
 from .._planning.latency import LatencyPrior
@@ -21,29 +33,42 @@ from .._validate import check_callable, check_int, check_seconds
 from ..providers import Provider
 
 __all__ = [
-    "DEFAULT_MAX_ATTEMPTS",
-    "DEFAULT_MAX_ITEMS",
-    "DEFAULT_MAX_RETRIES",
-    "DEFAULT_MAX_WAIT",
-    "DEFAULT_TIMEOUT",
+    "LANE_CHOICES",
     "FunctionSpec",
+    "Lane",
+    "LaneChoice",
     "Options",
+    "check_lane_choice",
     "keyed_replies",
 ]
 
-#: Defaults. Group size is an accuracy decision as well as a latency one: small
-#: models lose accuracy as more items share a prompt, hosted ones far less (about
-#: single-call accuracy at 4-6 items). Measured here (docs/accuracy.md), 4 is the
-#: largest group that stays near plain calls for labels and for extracted values
-#: alike, and 8 is significantly worse for both. A 50 ms window bounds the added wait.
-DEFAULT_MAX_ITEMS = 4
-DEFAULT_MAX_WAIT = 0.05
-DEFAULT_MAX_ATTEMPTS = 4
-#: Longest one request may run when no latency budget bounds it (a budget does).
-DEFAULT_TIMEOUT = 60.0
-#: Retries of a request that failed as a whole (429, 5xx, timeouts, dropped
-#: connections), after the first attempt; never past the callers' budget.
-DEFAULT_MAX_RETRIES = 4
+
+class Lane(str, enum.Enum):
+    """Where a call is sent (see :mod:`coalesce._lanes.choose`)."""
+
+    REALTIME = "realtime"
+    FLEX = "flex"
+    BATCH = "batch"
+
+
+#: What ``lane=`` accepts: a lane, or ``"auto"`` (the cheapest one each call's budget allows).
+LANE_CHOICES: tuple[str, ...] = ("auto", *(lane.value for lane in Lane))
+#: The annotation of ``lane=``: :data:`LANE_CHOICES` spelled for type checkers, which
+#: cannot read an enum's values (a test keeps the two equal).
+LaneChoice = Literal["auto", "realtime", "flex", "batch"]
+
+
+def check_lane_choice(lane: object) -> str:
+    """``lane`` if ``lane=`` accepts it (one of :data:`LANE_CHOICES`).
+
+    Raises:
+        ConfigurationError: It names no lane.
+    """
+    if lane not in LANE_CHOICES:
+        raise ConfigurationError(
+            f"lane must be one of {', '.join(map(repr, LANE_CHOICES))}, got {lane!r}"
+        )
+    return str(lane)
 
 
 @dataclass(frozen=True)
@@ -90,7 +115,8 @@ class Options:
         prices: Prices for the statistics' cost estimates.
         on_event: Called with each call, request, dispatch and retry event.
         timeout: Longest one request attempt may run, in seconds (``None``: bounded by
-            the callers' budget when there is one, else :data:`DEFAULT_TIMEOUT`).
+            the callers' budget when there is one, else
+            :data:`coalesce._defaults.REQUEST_TIMEOUT`).
         context_window: The model's context window in tokens (``None``: from the table
             of known models, then learned from the provider's context-length errors).
         schema_enforced: Whether the provider holds every reply to the reply schema
@@ -100,7 +126,7 @@ class Options:
             members as plain calls (see :mod:`coalesce._planning.cost`); when no group
             can, calls go at once, plain. ``"always"``: pack every group of two or more
             (when requests, not tokens, are what the provider limits).
-    lane: Where calls go (see :mod:`coalesce._lanes.choose`): ``"realtime"``,
+        lane: Where calls go (see :mod:`coalesce._lanes.choose`): ``"realtime"``,
             ``"batch"`` (the provider's batch API), or ``"auto"`` (by each call's budget).
         store: The batch lane's job store: a path, a ``JobStore`` or ``None`` (the
             per-user default).
@@ -118,12 +144,12 @@ class Options:
             :mod:`coalesce._accuracy.vote`).
     """
 
-    max_wait: float = DEFAULT_MAX_WAIT
-    max_items: int = DEFAULT_MAX_ITEMS
+    max_wait: float = PROMPT_MAX_WAIT
+    max_items: int = PROMPT_MAX_ITEMS
     max_concurrency: int | None = None
     latency_budget: float | None = None
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS
-    max_retries: int = DEFAULT_MAX_RETRIES
+    max_attempts: int = MAX_ATTEMPTS
+    max_retries: int = MAX_RETRIES
     max_output_tokens: int | None = None
     stream: bool = True
     dedupe: bool = False
@@ -135,13 +161,13 @@ class Options:
     timeout: float | None = None
     context_window: int | None = None
     schema_enforced: bool | None = None
-    packing: str = "auto"
-    lane: str = "auto"
+    packing: str = PACKING
+    lane: str = LANE
     store: Any = None
-    batch_window: float = 60.0
+    batch_window: float = BATCH_WINDOW
     batch_client: Any = None
-    shadow: float = 0.0
-    min_agreement: float = 0.9
+    shadow: float = SHADOW
+    min_agreement: float = MIN_AGREEMENT
     agree: Callable[[Any, Any], bool] | None = None
     vote: bool = False
 
@@ -186,10 +212,7 @@ def _check_kinds(options: Options) -> None:
         value = getattr(options, name)
         if not isinstance(value, bool):
             raise ConfigurationError(f"{name} must be True or False, got {value!r}")
-    if options.lane not in ("auto", "realtime", "flex", "batch"):
-        raise ConfigurationError(
-            f"lane must be 'auto', 'realtime', 'flex' or 'batch', got {options.lane!r}"
-        )
+    check_lane_choice(options.lane)
     if options.packing not in ("auto", "always"):
         raise ConfigurationError(f"packing must be 'auto' or 'always', got {options.packing!r}")
     if options.schema_enforced is not None and not isinstance(options.schema_enforced, bool):

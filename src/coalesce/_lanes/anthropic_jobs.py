@@ -20,8 +20,9 @@ from typing import Any
 import anyio
 
 from .lines import LineOutcome, as_json, read_anthropic_result
-from .records import Job
-from .results import JobOutcome, Poll, final_state, settle_lines
+from .records import BatchJob
+from .results import JobOutcome, Poll, record_job
+from .resume import Steps, resume_jobs
 from .store import JobStore
 
 __all__ = ["CREATE_ATTEMPTS", "collect", "resume", "submit", "wait"]
@@ -30,7 +31,7 @@ __all__ = ["CREATE_ATTEMPTS", "collect", "resume", "submit", "wait"]
 CREATE_ATTEMPTS = 12
 
 
-async def submit(store: JobStore, client: Any, job: Job, poll: Poll | None = None) -> str:
+async def submit(store: JobStore, client: Any, job: BatchJob, poll: Poll | None = None) -> str:
     """Take ``job`` to ``submitted``; its batch id."""
     if job.provider_batch_id is not None:
         return job.provider_batch_id
@@ -112,29 +113,16 @@ def _status(batch: Any) -> str:
 
 
 async def collect(
-    store: JobStore, client: Any, job: Job, batch: Any, validate: Callable[[Any], Any]
+    store: JobStore, client: Any, job: BatchJob, batch: Any, validate: Callable[[Any], Any]
 ) -> JobOutcome:
     """Read every request's result, split and validate it, record it in the store."""
     outcomes = {outcome.custom_id: outcome for outcome in await _results(client, batch.id)}
-    lines = await anyio.to_thread.run_sync(store.job_lines, job.id)
-    result = JobOutcome(state=_status(batch))
-    await settle_lines(store, lines, outcomes, validate, result)
-    state = final_state(result.state, bool(result.results))
-    await anyio.to_thread.run_sync(lambda: store.finish_job(job.id, state))
-    result.state = state
-    return result
+    return await record_job(store, job.id, _status(batch), outcomes, validate)
 
 
 async def resume(
     store: JobStore, client: Any, validate: Callable[[Any], Any], poll: Poll | None = None
 ) -> dict[str, JobOutcome]:
     """Finish every unfinished Anthropic job in the store. Per local job id, its outcome."""
-    jobs = await anyio.to_thread.run_sync(store.unfinished_jobs)
-    outcomes: dict[str, JobOutcome] = {}
-    for job in jobs:
-        if job.provider != "anthropic":
-            continue
-        batch_id = await submit(store, client, job, poll)
-        batch = await wait(client, batch_id, poll)
-        outcomes[job.id] = await collect(store, client, job, batch, validate)
-    return outcomes
+    steps = Steps(submit, wait, collect)
+    return await resume_jobs("anthropic", steps, store, client, validate, poll)

@@ -19,26 +19,15 @@ flex) is skipped.
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from .._engine.spec import LANE_CHOICES, Lane, check_lane_choice
 from .._exceptions import ConfigurationError
 
+# Lane and LANE_CHOICES are defined with the option they name (``Options.lane``).
 __all__ = ["LANE_CHOICES", "Lane", "LaneTimes", "check_lane", "choose_lane"]
-
-
-class Lane(str, enum.Enum):
-    """Where a call is sent."""
-
-    REALTIME = "realtime"
-    FLEX = "flex"
-    BATCH = "batch"
-
-
-#: What ``lane=`` accepts.
-LANE_CHOICES = ("auto", "realtime", "flex", "batch")
 
 
 @dataclass(frozen=True)
@@ -70,20 +59,18 @@ def check_lane(lane: object, supported: Collection[Lane]) -> str:
     """``lane`` if it is a lane name the provider supports, else a clear error.
 
     Raises:
-        ConfigurationError: Not one of :data:`LANE_CHOICES`, or a lane the provider
+        ConfigurationError: Not one of :data:`LANE_CHOICES` (the rule of
+            :func:`~coalesce._engine.spec.check_lane_choice`), or a lane the provider
             does not offer.
     """
-    if lane not in LANE_CHOICES:
-        raise ConfigurationError(
-            f"lane must be one of {', '.join(map(repr, LANE_CHOICES))}, got {lane!r}"
-        )
-    if lane != "auto" and Lane(str(lane)) not in supported:
+    lane = check_lane_choice(lane)
+    if lane != "auto" and Lane(lane) not in supported:
         offered = ", ".join(repr(each.value) for each in Lane if each in supported)
         raise ConfigurationError(
             f"lane={lane!r} is not offered by this provider (it offers {offered});"
             " use lane='auto' to take the cheapest lane it offers"
         )
-    return str(lane)
+    return lane
 
 
 def choose_lane(

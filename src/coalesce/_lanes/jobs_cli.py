@@ -37,7 +37,7 @@ from coalesce._lanes.jobs_live import (
     wait_job,
 )
 from coalesce._lanes.paths import default_store_path
-from coalesce._lanes.records import Job, JobSummary, StoredItem
+from coalesce._lanes.records import BatchJob, JobSummary, StoredItem
 from coalesce._lanes.store import JobStore
 
 __all__ = [
@@ -158,7 +158,7 @@ def _seconds(text: str) -> float:
 # --- pure decisions and formatting ---------------------------------------------------
 
 
-def resolve_job(jobs: Sequence[Job], wanted: str, store: Path) -> Job:
+def resolve_job(jobs: Sequence[BatchJob], wanted: str, store: Path) -> BatchJob:
     """The job ``wanted`` names: its local id, a unique prefix of it, or its batch id.
 
     Raises:
@@ -316,7 +316,7 @@ def _show(store: JobStore, wanted: str) -> list[str]:
     return describe_job(store.job_summary(job.id))
 
 
-def _carried(store: JobStore, job: Job) -> tuple[frozenset[str], list[StoredItem]]:
+def _carried(store: JobStore, job: BatchJob) -> tuple[frozenset[str], list[StoredItem]]:
     """The custom_ids of a job's lines, and the items they carried, in line order."""
     lines = store.job_lines(job.id)
     keys = dict.fromkeys(key for line in lines for key in line.item_keys)
@@ -389,7 +389,7 @@ async def _resume(store: JobStore, args: argparse.Namespace) -> list[str]:
     return [*lines, "", *job_table([store.job_summary(job.id) for job in jobs])]
 
 
-def _display(job: Job) -> Display:
+def _display(job: BatchJob) -> Display:
     return Display(sys.stderr, f"job {job.id[:SHORT_ID]}")
 
 

@@ -26,7 +26,7 @@ import anyio
 
 from coalesce._exceptions import ConfigurationError
 from coalesce._lanes import anthropic_jobs, openai_jobs
-from coalesce._lanes.records import Job, Provider
+from coalesce._lanes.records import BatchJob, Provider
 from coalesce._lanes.results import JobOutcome, Poll
 from coalesce._lanes.store import JobStore
 
@@ -138,7 +138,7 @@ class Display:
 # --- what the commands say -------------------------------------------------------
 
 
-def outcome_line(job: Job, outcome: JobOutcome) -> str:
+def outcome_line(job: BatchJob, outcome: JobOutcome) -> str:
     """What ``wait``, ``cancel`` and ``resume`` say of a job they collected."""
     line = (
         f"job {job.id} {outcome.state}: {len(outcome.results)} results,"
@@ -180,8 +180,8 @@ class Api:
     retrieve: Callable[[Any, str], Awaitable[Any]]
     cancel: Callable[[Any, str], Awaitable[Any]]
     progress: Callable[[Any], Progress]
-    submit: Callable[[JobStore, Any, Job, Poll], Awaitable[str]]
-    collect: Callable[[JobStore, Any, Job, Any, Callable[[Any], Any]], Awaitable[JobOutcome]]
+    submit: Callable[[JobStore, Any, BatchJob, Poll], Awaitable[str]]
+    collect: Callable[[JobStore, Any, BatchJob, Any, Callable[[Any], Any]], Awaitable[JobOutcome]]
 
 
 API: Mapping[Provider, Api] = {
@@ -291,14 +291,14 @@ async def watch(conn: Connection, batch_id: str, poll: Poll, display: Display) -
 
 
 async def wait_job(
-    store: JobStore, conn: Connection, job: Job, poll: Poll, display: Display
+    store: JobStore, conn: Connection, job: BatchJob, poll: Poll, display: Display
 ) -> JobOutcome:
     """Wait for a submitted job's batch to be final, then collect its results."""
     return await _finish(store, conn, job, batch_id_of(job, "wait for"), poll, display)
 
 
 async def cancel_job(
-    store: JobStore, conn: Connection, job: Job, poll: Poll, display: Display
+    store: JobStore, conn: Connection, job: BatchJob, poll: Poll, display: Display
 ) -> JobOutcome:
     """Ask the provider to cancel the job's batch (unless it is final already), wait for
     it to end, and collect what it finished; the lines it did not finish release their
@@ -311,7 +311,7 @@ async def cancel_job(
 
 
 async def resume_job(
-    store: JobStore, conn: Connection, job: Job, poll: Poll, display: Display
+    store: JobStore, conn: Connection, job: BatchJob, poll: Poll, display: Display
 ) -> JobOutcome:
     """Take an unfinished job to its end: submit it if it never was (the batch lane's own
     submit, which finds a batch created before a crash instead of creating another),
@@ -320,7 +320,7 @@ async def resume_job(
     return await _finish(store, conn, job, batch_id, poll, display)
 
 
-def batch_id_of(job: Job, doing: str) -> str:
+def batch_id_of(job: BatchJob, doing: str) -> str:
     """The job's batch id.
 
     Raises:
@@ -335,7 +335,7 @@ def batch_id_of(job: Job, doing: str) -> str:
 
 
 async def _finish(
-    store: JobStore, conn: Connection, job: Job, batch_id: str, poll: Poll, display: Display
+    store: JobStore, conn: Connection, job: BatchJob, batch_id: str, poll: Poll, display: Display
 ) -> JobOutcome:
     batch = await watch(conn, batch_id, poll, display)
     return await conn.api.collect(store, conn.client, job, batch, json_value)

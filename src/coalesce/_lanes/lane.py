@@ -32,7 +32,7 @@ from .._wire.plain import plain_request
 from ..providers import CompletionRequest, Usage
 from . import anthropic_jobs, openai_jobs
 from .lines import ANTHROPIC_LIMITS, OPENAI_LIMITS, anthropic_request, chunk, openai_line
-from .records import ItemRow, Job, PlannedLine
+from .records import BatchJob, ItemRow, PlannedLine
 from .results import JobOutcome, Poll, plain_custom_id
 from .store import JobStore
 
@@ -161,7 +161,7 @@ class BatchLane:
                     await self._account(job_id, outcome)
                 self._attached = True
 
-    async def _finish(self, job: Job, again: bool) -> None:
+    async def _finish(self, job: BatchJob, again: bool) -> None:
         """Submit ``job``, wait for it, record its results; with ``again``, items its
         replies answered invalidly (or not at all) go to the follow-up job."""
         batch_id = await self.runner.submit(self.store, self.client, job, self.poll)
@@ -188,7 +188,7 @@ class BatchLane:
         waiting = {item.key for item in pending} & keys
         return [row for row in {row.key: row for row in rows}.values() if row.key in waiting]
 
-    def _plan(self, rows: Sequence[ItemRow]) -> list[Job]:  # in a worker thread
+    def _plan(self, rows: Sequence[ItemRow]) -> list[BatchJob]:  # in a worker thread
         """Write the job(s) asking for ``rows``, packed as :func:`line_sizes` says."""
         lines, start = [], 0
         for size in line_sizes(len(rows), self.per_line, self.pays_from()):

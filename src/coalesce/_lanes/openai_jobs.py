@@ -29,8 +29,9 @@ from typing import Any
 import anyio
 
 from .lines import LineOutcome, jsonl, read_openai_line
-from .records import JOB_METADATA_KEY, Job
-from .results import JobOutcome, Poll, final_state, settle_lines
+from .records import JOB_METADATA_KEY, BatchJob
+from .results import JobOutcome, Poll, record_job
+from .resume import Steps, resume_jobs
 from .store import JobStore
 
 __all__ = ["CREATE_ATTEMPTS", "collect", "resume", "submit", "token_refused", "wait"]
@@ -51,7 +52,7 @@ def token_refused(batch: Any) -> bool:
     )
 
 
-async def submit(store: JobStore, client: Any, job: Job, poll: Poll | None = None) -> str:
+async def submit(store: JobStore, client: Any, job: BatchJob, poll: Poll | None = None) -> str:
     """Take ``job`` from wherever it stopped to ``submitted``; its batch id."""
     if job.provider_batch_id is not None:
         return job.provider_batch_id
@@ -78,7 +79,7 @@ async def submit(store: JobStore, client: Any, job: Job, poll: Poll | None = Non
     return str(batch.id)
 
 
-async def _upload(store: JobStore, client: Any, job: Job) -> str:
+async def _upload(store: JobStore, client: Any, job: BatchJob) -> str:
     lines = await anyio.to_thread.run_sync(store.job_lines, job.id)
     data = jsonl(line.request for line in lines)
     upload = await client.files.create(file=(f"{job.id}.jsonl", data), purpose="batch")
@@ -112,7 +113,7 @@ async def wait(client: Any, batch_id: str, poll: Poll | None = None) -> Any:
 
 
 async def collect(
-    store: JobStore, client: Any, job: Job, batch: Any, validate: Callable[[Any], Any]
+    store: JobStore, client: Any, job: BatchJob, batch: Any, validate: Callable[[Any], Any]
 ) -> JobOutcome:
     """Read every line's result, split and validate it, record it in the store."""
     outcomes: dict[str, LineOutcome] = {}
@@ -123,13 +124,7 @@ async def collect(
                 if raw.strip():
                     outcome = read_openai_line(json.loads(raw))
                     outcomes[outcome.custom_id] = outcome
-    lines = await anyio.to_thread.run_sync(store.job_lines, job.id)
-    result = JobOutcome(state=str(batch.status))
-    await settle_lines(store, lines, outcomes, validate, result)
-    state = final_state(str(batch.status), bool(result.results))
-    await anyio.to_thread.run_sync(lambda: store.finish_job(job.id, state))
-    result.state = state
-    return result
+    return await record_job(store, job.id, str(batch.status), outcomes, validate)
 
 
 async def resume(
@@ -137,12 +132,5 @@ async def resume(
 ) -> dict[str, JobOutcome]:
     """Finish every unfinished OpenAI job in the store: submit what was not submitted,
     attach to what was, collect the results. Per local job id, its outcome."""
-    jobs = await anyio.to_thread.run_sync(store.unfinished_jobs)
-    outcomes: dict[str, JobOutcome] = {}
-    for job in jobs:
-        if job.provider != "openai":
-            continue
-        batch_id = await submit(store, client, job, poll)
-        batch = await wait(client, batch_id, poll)
-        outcomes[job.id] = await collect(store, client, job, batch, validate)
-    return outcomes
+    steps = Steps(submit, wait, collect)
+    return await resume_jobs("openai", steps, store, client, validate, poll)

@@ -15,9 +15,9 @@ __all__ = [
     "JOB_METADATA_KEY",
     "UNFINISHED_JOB_STATES",
     "UNFINISHED_LINE_STATES",
+    "BatchJob",
     "ItemRow",
     "ItemState",
-    "Job",
     "JobState",
     "JobSummary",
     "Lane",
@@ -107,7 +107,7 @@ class StoredLine:
 
 
 @dataclass(frozen=True)
-class Job:
+class BatchJob:
     """A batch job: ``id`` is local (a uuid4 made before upload), the rest the provider's."""
 
     id: str
@@ -141,7 +141,7 @@ class JobSummary:
         cost_usd: Its cost so far.
     """
 
-    job: Job
+    job: BatchJob
     lines: Mapping[LineState, int]
     items: Mapping[str, int]
     cost_usd: float

@@ -29,7 +29,8 @@ __all__ = [
     "final_state",
     "plain_custom_id",
     "plain_reading",
-    "settle_lines",
+    "record_job",
+    "record_lines",
     "split_line",
 ]
 
@@ -80,14 +81,32 @@ def final_state(status: str, answered: bool) -> JobState:
     return "expired" if status == "expired" else "cancelled" if status == "cancelled" else "failed"
 
 
-async def settle_lines(
+async def record_job(
+    store: JobStore,
+    job_id: str,
+    status: str,
+    outcomes: Mapping[str, LineOutcome],
+    validate: Callable[[Any], Any],
+) -> JobOutcome:
+    """Record the lines of a job whose batch ended as ``status`` (in OpenAI's words),
+    then finish the job in the store; what it gave."""
+    lines = await anyio.to_thread.run_sync(store.job_lines, job_id)
+    result = JobOutcome(state=status)
+    await record_lines(store, lines, outcomes, validate, result)
+    state = final_state(status, bool(result.results))
+    await anyio.to_thread.run_sync(lambda: store.finish_job(job_id, state))
+    result.state = state
+    return result
+
+
+async def record_lines(
     store: JobStore,
     lines: Sequence[StoredLine],
     outcomes: Mapping[str, LineOutcome],
     validate: Callable[[Any], Any],
     into: JobOutcome,
 ) -> None:
-    """Settle every line of a job: replies split and validated here, then recorded in
+    """Record every line of a job: replies split and validated here, then recorded in
     one transaction; lines without a reply released, each on its own."""
     answers: list[tuple[str, Mapping[str, Any], Mapping[str, str]]] = []
     for line in lines:

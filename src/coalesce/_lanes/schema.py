@@ -13,8 +13,8 @@ from typing import Any, get_args
 from coalesce._exceptions import ConfigurationError
 from coalesce._lanes.records import (
     JOB_METADATA_KEY,
+    BatchJob,
     ItemState,
-    Job,
     JobState,
     Lane,
     LineState,
@@ -173,9 +173,9 @@ def item_from_row(row: sqlite3.Row) -> StoredItem:
     )
 
 
-def job_from_row(row: sqlite3.Row) -> Job:
+def job_from_row(row: sqlite3.Row) -> BatchJob:
     """A ``jobs`` row as a record."""
-    return Job(
+    return BatchJob(
         id=row["id"],
         provider=row["provider"],
         model=row["model"],

@@ -10,7 +10,7 @@ from types import MappingProxyType
 from typing import get_args
 
 from coalesce._exceptions import ConfigurationError
-from coalesce._lanes.records import UNFINISHED_LINE_STATES, Job, LineState, PlannedLine
+from coalesce._lanes.records import UNFINISHED_LINE_STATES, BatchJob, LineState, PlannedLine
 from coalesce._lanes.schema import among, job_from_row
 
 __all__ = [
@@ -20,16 +20,16 @@ __all__ = [
     "item_counts",
     "line_counts",
     "needs_work",
+    "record_item_outcome",
     "release_line",
     "require_carried",
     "require_job",
     "set_batch_id",
-    "settle",
     "touch_job",
 ]
 
 
-def require_job(cur: sqlite3.Cursor, job_id: str, path: Path) -> Job:
+def require_job(cur: sqlite3.Cursor, job_id: str, path: Path) -> BatchJob:
     """The job with this id; refuse, naming the store at ``path``, when there is none."""
     row = cur.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
     if row is None:
@@ -144,7 +144,7 @@ def carried_keys(cur: sqlite3.Cursor, custom_id: str) -> tuple[str, ...]:
     return tuple(row["item_key"] for row in rows)
 
 
-def settle(
+def record_item_outcome(
     cur: sqlite3.Cursor,
     custom_id: str,
     key: str,

@@ -2,10 +2,10 @@
 logger writes.
 
 Each event is a small frozen dataclass, and ``str(event)`` is one line saying what
-happened and why: the line :class:`~coalesce._observe.recorder.PromptRecorder` writes on
-the ``"coalesce"`` logger at ``DEBUG``. The recorder builds an event only when a hook
-or that logger is listening, so an unwatched function pays one
-``logger.isEnabledFor`` per event.
+happened and why: the line an :class:`EventSink` writes on the ``"coalesce"`` logger
+at ``DEBUG`` before passing the event to the hook. The recorder builds an event only
+when :meth:`EventSink.watched` says a hook or that logger is listening, so an
+unwatched function pays one ``logger.isEnabledFor`` per event.
 
 The ids that tie the lines together: a group is numbered as it leaves its window
 (``group 5``); a request is named by the provider's reply id when it gave one
@@ -30,6 +30,7 @@ __all__ = [
     "DispatchEvent",
     "Event",
     "EventHook",
+    "EventSink",
     "RequestEvent",
     "RequestLabel",
     "RetryEvent",
@@ -340,6 +341,55 @@ Event = (
 )
 #: An ``on_event`` hook: called synchronously; its exceptions are logged and ignored.
 EventHook = Callable[[Event], None]
+
+
+class EventSink:
+    """Where one function's events go: a line on the ``"coalesce"`` logger, then the
+    user's ``on_event`` hook, whose exceptions are counted, logged and ignored.
+
+    Args:
+        function: The decorated function's (or wrapped client's) name, for the log
+            line about a failing hook.
+        on_event: Called synchronously with each event, or ``None``.
+    """
+
+    def __init__(self, function: str, on_event: EventHook | None = None) -> None:
+        self.function = function
+        self.on_event = on_event
+        #: Exceptions the hook raised so far.
+        self.hook_errors = 0
+
+    def watched(self, level: int = logging.DEBUG) -> bool:
+        """Whether anyone listens for an event at ``level``: the hook, or the logger.
+
+        Callers ask before building an event, so an unwatched function builds none.
+        """
+        return self.on_event is not None or logger.isEnabledFor(level)
+
+    def emit(self, event: Event, level: int = logging.DEBUG) -> None:
+        """Log ``event`` as one line at ``level``, then pass it to the hook, if any."""
+        if logger.isEnabledFor(level):
+            logger.log(level, "%s", event)
+        if self.on_event is None:
+            return
+        try:
+            self.on_event(event)
+        except Exception:
+            # A broken hook must not break the calls it watches.
+            self.hook_errors += 1
+            first = self.hook_errors == 1
+            logger.log(
+                logging.ERROR if first else logging.DEBUG,
+                "the on_event hook of %s raised on %s; ignored%s",
+                self.function,
+                type(event).__name__,
+                " (further hook errors are logged at DEBUG)" if first else "",
+                exc_info=True,
+            )
+
+    def __repr__(self) -> str:
+        hook = "a hook" if self.on_event is not None else "no hook"
+        return f"<EventSink {self.function} with {hook}, {self.hook_errors} hook errors>"
 
 
 def option_changes(options: object) -> str:

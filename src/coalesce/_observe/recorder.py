@@ -1,42 +1,46 @@
-"""Statistics of LLM calls: counters, quantiles, cost, an event hook and OpenTelemetry.
+"""Statistics of LLM calls: the counters, the quantiles and their snapshot.
 
 One :class:`PromptRecorder` per decorated function (or wrapped client) is told what
 happened, with the times already measured: the recorder reads no clock and needs no
 event loop, so tests feed it hand-written numbers. It keeps counters and sliding
-windows for :meth:`PromptRecorder.snapshot`, passes each happening to the user's
-``on_event`` hook as a small frozen event (:mod:`coalesce._observe.events`) and writes it as one
-line on the ``"coalesce"`` logger at ``DEBUG``, and records OpenTelemetry metrics when
-``opentelemetry-api`` is installed (imported lazily; a no-op otherwise).
+windows for :meth:`PromptRecorder.snapshot` and hands the rest to its parts: the
+tokens and dollars to :class:`~coalesce._observe.savings.Savings`, each happening, as
+a small frozen event, to an :class:`~coalesce._observe.events.EventSink` (the
+``on_event`` hook and the ``"coalesce"`` logger), and to
+:class:`~coalesce._observe.telemetry.Telemetry` when ``opentelemetry-api`` is
+installed. Other bookkeeping adds its fields to the snapshot as a
+:class:`StatisticsPart` (:meth:`PromptRecorder.add_part`).
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
-from .._accuracy.shadow import Agreement, ShadowGuard, wilson_interval
-from .._accuracy.vote import disagreement
+from .._accuracy.shadow import Agreement, ShadowGuard
 from .._batching.quantile import WindowQuantile
-from .._pricing import LANE_PRICE, Price, cost, price_for
+from .._pricing import Price, price_for
 from ..providers import Usage
+from .checks import CheckCounts
 from .events import (
     CallEvent,
     ContradictionEvent,
     DispatchEvent,
     Event,
     EventHook,
+    EventSink,
     RequestEvent,
     RequestLabel,
     RetryEvent,
     ShadowEvent,
     UnmeetableEvent,
-    logger,
 )
+from .savings import Savings, Shares
+from .telemetry import Telemetry
 
 __all__ = [
     "CallEvent",
@@ -49,7 +53,9 @@ __all__ = [
     "RequestEvent",
     "RetryEvent",
     "ShadowEvent",
+    "StatisticsPart",
     "UnmeetableEvent",
+    "merge_parts",
 ]
 
 #: A request reported without saying which one it was.
@@ -176,20 +182,139 @@ class PromptStatistics(NamedTuple):
     votes_unsettled: int = 0
 
 
-def merged_agreement(guards: Sequence[ShadowGuard]) -> dict[int, Agreement]:
-    """Every guard's verdicts per group size, added up (one guard: its own)."""
-    if len(guards) == 1:
-        return guards[0].agreement()
-    counts: Counter[int] = Counter()
-    totals: Counter[int] = Counter()
-    for guard in guards:
-        for size, agreement in guard.agreement().items():
-            counts[size] += agreement.agreed
-            totals[size] += agreement.total
-    return {
-        size: Agreement(counts[size], total, *wilson_interval(counts[size], total))
-        for size, total in sorted(totals.items())
-    }
+class StatisticsPart(Protocol):
+    """Bookkeeping kept outside the recorder that adds fields to its snapshot.
+
+    Register one with :meth:`PromptRecorder.add_part`; see :func:`merge_parts` for
+    how the fields of several parts combine.
+    """
+
+    def statistics(self) -> Mapping[str, Any]:
+        """Values of :class:`PromptStatistics` fields, by field name."""
+        ...
+
+
+def merge_parts(parts: Sequence[StatisticsPart]) -> dict[str, Any]:
+    """The fields of every part, each given by exactly one of them.
+
+    A field has one source: the caller registers one part per group of fields, and a
+    part that stands for several sources (the engines of ``wrap``'s kinds of call,
+    sharing their model's recorder) combines them itself, in the way the field means
+    (counts add up, caps take the lowest).
+
+    Raises:
+        ValueError: Two parts give the same field, or a part gives a name that is not
+            a :class:`PromptStatistics` field.
+    """
+    merged: dict[str, Any] = {}
+    for part in parts:
+        fields = part.statistics()
+        unknown = sorted(set(fields) - set(PromptStatistics._fields))
+        twice = sorted(set(fields) & set(merged))
+        if unknown or twice:
+            problem = f"unknown fields {unknown}" if unknown else f"fields {twice} already given"
+            raise ValueError(f"statistics part {part!r}: {problem}")
+        merged.update(fields)
+    return merged
+
+
+class Counts:
+    """The recorder's counters and sliding windows: what a snapshot counts.
+
+    Args:
+        window: How many recent calls (and streamed requests) the quantiles cover.
+    """
+
+    def __init__(self, window: int = DEFAULT_WINDOW) -> None:
+        self._latency = WindowQuantile(window)
+        self._wait = WindowQuantile(window)
+        self._ttft = WindowQuantile(window)
+        self._reasons: Counter[str] = Counter()
+        self._lane_calls: Counter[str] = Counter()
+        self.calls = self.calls_failed = self.budgeted = self.within = self.misses = 0
+        self.requests = self.requests_failed = self.in_flight = self.items = 0
+        self.groups = self.reasks = self.retries = self.unmeetable = 0
+        self.contradictions = self.fallbacks = 0
+
+    def call(
+        self, latency: float, wait: float | None, budget: float | None, ok: bool, lane: str
+    ) -> None:
+        """Count a finished call (see :meth:`PromptRecorder.call_finished`)."""
+        self.calls += 1
+        self._lane_calls[lane] += 1
+        self.calls_failed += not ok
+        self._latency.extend((latency,))
+        if wait is not None:
+            self._wait.extend((wait,))
+        if budget is not None:
+            self.budgeted += 1
+            self.within += ok and latency <= budget
+            self.misses += latency > budget
+
+    def dispatched(self, reason: str) -> int:
+        """Count a group dispatched for ``reason``; return its number."""
+        self._reasons[reason] += 1
+        self.groups += 1
+        return self.groups
+
+    def request_sent(self, items: int, reask: bool) -> int:
+        """Count a request as it is sent; return its local number."""
+        self.requests += 1
+        self.items += items
+        self.in_flight += 1
+        self.reasks += items if reask else 0
+        return self.requests
+
+    def request_ended(self, *, ttft: float | None = None, failed: bool = False) -> None:
+        """Count a request's reply ended (``ttft``: streamed), or the request failed."""
+        self.in_flight = max(0, self.in_flight - 1)
+        self.requests_failed += failed
+        if ttft is not None:
+            self._ttft.extend((ttft,))
+
+    def statistics(self) -> dict[str, Any]:
+        """The counts and quantiles as :class:`PromptStatistics` fields."""
+        p50, p95, p99 = self._latency.quantiles(0.5, 0.95, 0.99)
+        w50, w95, w99 = self._wait.quantiles(0.5, 0.95, 0.99)
+        t50, t95 = self._ttft.quantiles(0.5, 0.95)
+        requests = self.requests
+        return {
+            "calls": self.calls,
+            "calls_failed": self.calls_failed,
+            "latency_p50": p50,
+            "latency_p95": p95,
+            "latency_p99": p99,
+            "within_budget": self.within / self.budgeted if self.budgeted else math.nan,
+            "budget_misses": self.misses,
+            "unmeetable_budgets": self.unmeetable,
+            "wait_p50": w50,
+            "wait_p95": w95,
+            "wait_p99": w99,
+            "ttft_p50": t50,
+            "ttft_p95": t95,
+            "requests": requests,
+            "requests_failed": self.requests_failed,
+            "requests_in_flight": self.in_flight,
+            "items_per_request": self.items / requests if requests else math.nan,
+            "dispatch_reasons": MappingProxyType(dict(self._reasons)),
+            "retries": self.retries,
+            "reasks": self.reasks,
+            "contradictions": self.contradictions,
+            "calls_by_lane": MappingProxyType(dict(self._lane_calls)),
+            "flex_fallbacks": self.fallbacks,
+        }
+
+    def summary(self, waiting: int = 0) -> str:
+        """See :meth:`PromptRecorder.summary`."""
+        calls = _plural(self.calls, "call") + (f" ({waiting} waiting)" if waiting else "")
+        flight = f" ({self.in_flight} in flight)" if self.in_flight else ""
+        line = f"{calls}, {_plural(self.requests, 'request')}{flight}"
+        if self.requests:
+            line += f", {self.items / self.requests:.1f} items/request"
+        return line
+
+    def __repr__(self) -> str:
+        return f"<Counts {self.summary()}>"
 
 
 class PromptRecorder:
@@ -224,31 +349,32 @@ class PromptRecorder:
     ) -> None:
         self.function = function
         self.model = model
-        self.price = prices if isinstance(prices, Price) else price_for(model, prices)
-        self._on_event = on_event
-        self._otel = _Telemetry.create(function, model, meter_provider) if telemetry else None
-        self._latency = WindowQuantile(window)
-        self._wait = WindowQuantile(window)
-        self._ttft = WindowQuantile(window)
-        self._reasons: Counter[str] = Counter()
-        self._calls = self._calls_failed = self._budgeted = self._within = self._misses = 0
-        self._unmeetable = self._requests = self._requests_failed = self._items = 0
-        self._input = self._cached = self._output = self._input_baseline = 0
-        self._cost = self._cost_baseline = 0.0
-        self._retries = self._reasks = self._hook_errors = 0
-        self._in_flight = self._contradictions = self._groups = self._fallbacks = 0
-        self._lane_calls: Counter[str] = Counter()
-        self._lane_cost: dict[str, float] = {}
-        self._shadow_requests, self._shadow_cost = 0, 0.0
-        self._vote_requests, self._vote_cost = 0, 0.0
-        self._vote_settled = self._vote_unsettled = self._voted_items = 0
-        #: The guards of the engines that record here and shadow (``wrap`` makes one
-        #: engine per kind of call, all recording into its model's recorder).
-        self._guards: list[ShadowGuard] = []
+        self.savings = Savings(prices if isinstance(prices, Price) else price_for(model, prices))
+        self.events = EventSink(function, on_event)
+        self.counts = Counts(window)
+        self._telemetry = Telemetry.create(function, model, meter_provider) if telemetry else None
+        # Until the accuracy code registers its own parts, the recorder keeps the
+        # shadow's and the vote's counts for the methods below that feed them.
+        self.checks = CheckCounts(priced=self.price is not None)
+        self._parts: list[StatisticsPart] = []
         #: Set by the engine: its ``max_items``.
         self.max_items: int | None = None
         #: Set by the engine from its cost decision (see PromptStatistics).
         self.smallest_paying_group: int | None = 2
+
+    @property
+    def price(self) -> Price | None:
+        """The model's price, or ``None`` when unknown."""
+        return self.savings.price
+
+    def add_part(self, part: StatisticsPart) -> None:
+        """Add ``part``'s fields to every snapshot (see :func:`merge_parts`).
+
+        A registered part's fields replace the recorder's own values of those fields:
+        that is how bookkeeping moves out of the recorder, one group of fields at a
+        time. Two registered parts never give the same field.
+        """
+        self._parts.append(part)
 
     def call_finished(
         self,
@@ -272,21 +398,13 @@ class PromptRecorder:
             attempts: How many requests carried it.
             lane: The lane that answered it.
         """
-        self._calls += 1
-        self._lane_calls[lane] += 1
-        self._calls_failed += not ok
-        self._latency.extend((latency,))
-        if wait is not None:
-            self._wait.extend((wait,))
-        if budget is not None:
-            self._budgeted += 1
-            self._within += ok and latency <= budget
-            self._misses += latency > budget
-        if self._otel is not None:
-            self._otel.call(latency, wait, ok, missed=budget is not None and latency > budget)
-        if self._watched():
+        self.counts.call(latency, wait, budget, ok, lane)
+        if self._telemetry is not None:
+            missed = budget is not None and latency > budget
+            self._telemetry.call(latency, wait, ok, missed=missed)
+        if self.events.watched():
             ids = tuple(requests)
-            self._emit(
+            self.events.emit(
                 CallEvent(self.function, self.model, latency, wait, budget, ok, ids, attempts)
             )
 
@@ -307,16 +425,15 @@ class PromptRecorder:
             time_left: Seconds left of its tightest budget, if any call had one.
         """
         reason = str(reason)
-        self._reasons[reason] += 1
-        self._groups += 1
-        if self._otel is not None:
-            self._otel.dispatched(reason)
-        if self._watched():
-            group, model = self._groups, self.model
-            self._emit(
+        group = self.counts.dispatched(reason)
+        if self._telemetry is not None:
+            self._telemetry.dispatched(reason)
+        if self.events.watched():
+            model = self.model
+            self.events.emit(
                 DispatchEvent(self.function, model, reason, items, group, predicted, time_left)
             )
-        return self._groups
+        return group
 
     def request_sent(self, items: int, *, reask: bool = False) -> int:
         """Count one request of ``items`` items as it is sent; return its local number
@@ -326,16 +443,12 @@ class PromptRecorder:
             items: Items in its prompt.
             reask: Whether it asks again for items an earlier reply failed.
         """
-        self._requests += 1
-        self._items += items
-        self._in_flight += 1
-        self._reasks += items if reask else 0
-        return self._requests
+        return self.counts.request_sent(items, reask)
 
     def contradicted(self, ids: tuple[str, ...]) -> None:
         """Record delivered answers that the rest of their streamed reply contradicted."""
-        self._contradictions += len(ids)
-        self._emit(ContradictionEvent(self.function, self.model, ids), level=logging.WARNING)
+        self.counts.contradictions += len(ids)
+        self.events.emit(ContradictionEvent(self.function, self.model, ids), logging.WARNING)
 
     def request_finished(
         self,
@@ -359,14 +472,12 @@ class PromptRecorder:
             items, usage: Items in its prompt; the tokens reported, or ``None``.
             shared_input_tokens: Prompt tokens sent once per request whatever its
                 items (the instructions and the packing format, an estimate).
-            plain_shared_input_tokens: What a plain call of one item, without
-                coalesce, pays besides its item (instructions and output schema, an
-                estimate); one call per item pays it ``items`` times. ``None``: the
-                same as ``shared_input_tokens`` (the packed format's requests of one).
-            frame_tokens, answer_frame_tokens: Prompt tokens each item adds besides
-                its own input (its wrapper, its entry in the reply schema), and reply
-                tokens each answer adds besides its output (its key): a plain call
-                pays neither.
+            plain_shared_input_tokens: What a plain call of one item pays besides its
+                item; ``None``: the same as ``shared_input_tokens`` (the packed
+                format's requests of one). See :class:`~coalesce._observe.savings.Shares`
+                for it and the next three.
+            frame_tokens, answer_frame_tokens: Tokens each item and each answer add
+                besides their own (a plain call pays neither).
             plain_cached_input_tokens: What each plain call would read from a warm
                 prompt cache: the baseline is the best plain alternative.
             ttft, seconds: Seconds to the first reply text (streamed), to its end.
@@ -374,28 +485,24 @@ class PromptRecorder:
             label: Which request it was (its id, group, attempt and prediction).
             lane: Its lane, whose price (``LANE_PRICE``) it is billed at.
         """
-        self._in_flight = max(0, self._in_flight - 1)
-        if ttft is not None:
-            self._ttft.extend((ttft,))
+        self.counts.request_ended(ttft=ttft)
         plain = (
             shared_input_tokens if plain_shared_input_tokens is None else plain_shared_input_tokens
         )
-        spent, baseline, plain_input = self._add_usage(
-            items,
-            usage,
-            (shared_input_tokens, plain, frame_tokens, answer_frame_tokens),
-            plain_cached_input_tokens,
-            reask,
-            lane,
+        shares = Shares(
+            shared_input_tokens, plain, frame_tokens, answer_frame_tokens, plain_cached_input_tokens
         )
-        if self._otel is not None:
-            self._otel.request(items, usage, ttft, seconds, spent, baseline, reask)
-        if self._watched():
+        spent, baseline, plain_input = self.savings.add(
+            items, usage, shares, reask=reask, lane=lane
+        )
+        if self._telemetry is not None:
+            self._telemetry.request(items, usage, ttft, seconds, spent, baseline, reask)
+        if self.events.watched():
             f, m = self.function, self.model
             event = RequestEvent(
                 f, m, items, usage, ttft, seconds, spent, baseline, reask, None, *label, plain_input
             )
-            self._emit(event)
+            self.events.emit(event)
         return spent
 
     def request_failed(
@@ -416,193 +523,84 @@ class PromptRecorder:
             reask: Whether it asked again for items an earlier reply failed.
             label: Which request it was (its id, group, attempt and prediction).
         """
-        self._requests_failed += 1
-        self._in_flight = max(0, self._in_flight - 1)
-        if self._otel is not None:
-            self._otel.request_failed(reask)
-        if self._watched():
+        self.counts.request_ended(failed=True)
+        if self._telemetry is not None:
+            self._telemetry.request_failed(reask)
+        if self.events.watched():
             f, m = self.function, self.model
             event = RequestEvent(
                 f, m, items, None, None, seconds, math.nan, 0.0, reask, error, *label
             )
-            self._emit(event)
+            self.events.emit(event)
 
     def retried(self, attempt: int, delay: float, error: BaseException | None = None) -> None:
         """Record that attempt ``attempt`` of a request failed and will be resent after ``delay``."""
-        self._retries += 1
-        if self._otel is not None:
-            self._otel.retried()
-        if self._watched():
-            self._emit(RetryEvent(self.function, self.model, attempt, delay, error))
+        self.counts.retries += 1
+        if self._telemetry is not None:
+            self._telemetry.retried()
+        if self.events.watched():
+            self.events.emit(RetryEvent(self.function, self.model, attempt, delay, error))
 
     def unmeetable(self, predicted: float, budget: float) -> None:
         """Record a call whose budget is shorter than the predicted latency of asking for it alone."""
-        self._unmeetable += 1
-        if self._otel is not None:
-            self._otel.unmeetable()
-        if self._watched():
-            self._emit(UnmeetableEvent(self.function, self.model, predicted, budget))
+        self.counts.unmeetable += 1
+        if self._telemetry is not None:
+            self._telemetry.unmeetable()
+        if self.events.watched():
+            self.events.emit(UnmeetableEvent(self.function, self.model, predicted, budget))
+
+    def fell_back(self) -> None:
+        """Record a call that flex processing refused and real time answered."""
+        self.counts.fallbacks += 1
 
     def snapshot(self) -> PromptStatistics:
-        """The statistics so far, as an immutable :class:`PromptStatistics`."""
-        latency = self._latency.quantiles(0.5, 0.95, 0.99)
-        wait = self._wait.quantiles(0.5, 0.95, 0.99)
-        ttft = self._ttft.quantiles(0.5, 0.95)
-        known = self.price is not None
-        spent = self._cost if known else math.nan
-        baseline = self._cost_baseline if known else math.nan
-        return PromptStatistics(
-            calls=self._calls,
-            calls_failed=self._calls_failed,
-            latency_p50=latency[0],
-            latency_p95=latency[1],
-            latency_p99=latency[2],
-            within_budget=self._within / self._budgeted if self._budgeted else math.nan,
-            budget_misses=self._misses,
-            unmeetable_budgets=self._unmeetable,
-            wait_p50=wait[0],
-            wait_p95=wait[1],
-            wait_p99=wait[2],
-            ttft_p50=ttft[0],
-            ttft_p95=ttft[1],
-            requests=self._requests,
-            requests_failed=self._requests_failed,
-            requests_in_flight=self._in_flight,
-            items_per_request=self._items / self._requests if self._requests else math.nan,
-            input_tokens=self._input,
-            cached_input_tokens=self._cached,
-            output_tokens=self._output,
-            input_tokens_one_per_item=self._input_baseline,
-            estimated_cost=spent,
-            estimated_cost_one_per_item=baseline,
-            savings=1.0 - spent / baseline if baseline > 0 else math.nan,
-            dispatch_reasons=MappingProxyType(dict(self._reasons)),
-            retries=self._retries,
-            reasks=self._reasks,
-            contradictions=self._contradictions,
-            hook_errors=self._hook_errors,
-            smallest_paying_group=self.smallest_paying_group,
-            calls_by_lane=MappingProxyType(dict(self._lane_calls)),
-            cost_by_lane=MappingProxyType(
-                {lane: spent if known else math.nan for lane, spent in self._lane_cost.items()}
-            ),
-            flex_fallbacks=self._fallbacks,
-            shadow_requests=self._shadow_requests,
-            shadow_cost=self._shadow_cost if known else math.nan,
-            agreement_by_size=MappingProxyType(merged_agreement(self._guards)),
-            group_cap=min((guard.cap for guard in self._guards), default=self.max_items),
-            vote_requests=self._vote_requests,
-            vote_cost=self._vote_cost if known else math.nan,
-            votes_settled=self._vote_settled,
-            votes_unsettled=self._vote_unsettled,
-        )
+        """The statistics so far, as an immutable :class:`PromptStatistics`: the
+        recorder's own counters, replaced field by field by its parts' (see
+        :meth:`add_part`).
+
+        Raises:
+            ValueError: Two registered parts give the same field (see
+                :func:`merge_parts`).
+        """
+        fields = {
+            **self.counts.statistics(),
+            "hook_errors": self.events.hook_errors,
+            "smallest_paying_group": self.smallest_paying_group,
+            "group_cap": self.max_items,
+            **self.savings.statistics(),
+            **self.checks.statistics(),
+            **merge_parts(self._parts),
+        }
+        return PromptStatistics(**fields)
+
+    # -- the shadow's and the vote's bookkeeping (kept in self.checks) --------
 
     def watch(self, guard: ShadowGuard) -> None:
         """Report ``guard``'s agreement and cap with this recorder's statistics."""
-        self._guards.append(guard)
+        self.checks.watch(guard)
 
     def extra_done(self, kind: str, usage: Usage | None) -> None:
         """Record the reply of a request made to check or settle answers (``kind``:
         ``"shadow"`` or ``"vote"``): its cost is spent, and no saving."""
-        if kind == "vote":
-            self._vote_requests += 1
-        else:
-            self._shadow_requests += 1
-        if usage is not None:  # tokens the provider reported, spent like any others
-            self._input += usage.input_tokens
-            self._cached += usage.cached_input_tokens
-            self._output += usage.output_tokens
-        if usage is not None and self.price is not None:
-            spent = cost(
-                usage.input_tokens,
-                usage.output_tokens,
-                self.price,
-                cached_input_tokens=usage.cached_input_tokens,
-                cache_write_tokens=usage.cache_write_tokens,
-            )
-            if kind == "vote":
-                self._vote_cost += spent
-            else:
-                self._shadow_cost += spent
-            self._cost += spent
-            self._lane_cost["realtime"] = self._lane_cost.get("realtime", 0.0) + spent
+        self.checks.extra_done(kind, self.savings.spend(usage))
 
     def voted(self, items: int) -> None:
         """Record a group of ``items`` asked in two orders."""
-        self._voted_items += items
+        self.checks.voted(items)
 
     def vote_disagreement(self) -> float:
-        """The share of voted items whose two answers differed so far (see
-        :func:`coalesce._accuracy.vote.disagreement`)."""
-        return disagreement(self._vote_settled + self._vote_unsettled, self._voted_items)
+        """The share of voted items whose two answers differed so far."""
+        return self.checks.vote_disagreement()
 
     def vote_settled(self, asked: bool) -> None:
-        """Record an item whose two orders' answers differed; ``asked``: a plain call
-        settled it (else its budget left no time, and the usual order's answer stood)."""
-        if asked:
-            self._vote_settled += 1
-        else:
-            self._vote_unsettled += 1
+        """Record an item whose two orders' answers differed; ``asked``: a plain call settled it."""
+        self.checks.vote_settled(asked)
 
     def shadow_judged(self, size: int, agreed: bool, cap: int) -> None:
         """Record a shadow verdict (see :class:`ShadowEvent`)."""
         level = logging.DEBUG if agreed else logging.INFO
-        if self._on_event is not None or logger.isEnabledFor(level):
-            self._emit(ShadowEvent(self.function, self.model, size, agreed, cap), level)
-
-    def fell_back(self) -> None:
-        """Record a call that flex processing refused and real time answered."""
-        self._fallbacks += 1
-
-    def _add_usage(
-        self,
-        items: int,
-        usage: Usage | None,
-        shares: tuple[int, int, int, int],
-        plain_cached: int,
-        reask: bool,
-        lane: str = "realtime",
-    ) -> tuple[float, float, int]:
-        """Add one reply's tokens and costs; return its cost, its one-per-item cost and
-        its one-per-item prompt tokens.
-
-        ``shares`` is (shared tokens of this request, what a plain call pays besides its
-        item, the frame around each item, the frame around each answer): one call per
-        item would have sent each item's own tokens with the plain shared part, and no
-        frames; with a warm prompt cache, each would have read ``plain_cached`` of its
-        prompt tokens from it.
-        """
-        if usage is None:
-            return math.nan, math.nan, 0
-        shared, plain, frame, answer_frame = (max(0, n) for n in shares)
-        # A re-ask's items were counted when first asked: one request per item would
-        # not have needed it, so it adds to the cost and not to the comparison.
-        own_input = max(0, usage.input_tokens - shared - items * frame)
-        baseline_input = 0 if reask else own_input + items * plain
-        baseline_output = 0 if reask else max(0, usage.output_tokens - items * answer_frame)
-        self._input += usage.input_tokens
-        self._cached += usage.cached_input_tokens
-        self._output += usage.output_tokens
-        self._input_baseline += baseline_input
-        if self.price is None:
-            return math.nan, math.nan, baseline_input
-        spent = cost(
-            usage.input_tokens,
-            usage.output_tokens,
-            self.price.scaled(LANE_PRICE.get(lane, 1.0)),
-            cached_input_tokens=usage.cached_input_tokens,
-            cache_write_tokens=usage.cache_write_tokens,
-        )
-        # A request of one item is its own plain call, cache and all.
-        warm = max(items * max(0, plain_cached), usage.cached_input_tokens if items == 1 else 0)
-        baseline_cached = 0 if reask else min(baseline_input, warm)
-        baseline = cost(
-            baseline_input, baseline_output, self.price, cached_input_tokens=baseline_cached
-        )
-        self._cost += spent
-        self._lane_cost[lane] = self._lane_cost.get(lane, 0.0) + spent
-        self._cost_baseline += baseline
-        return spent, baseline, baseline_input
+        if self.events.watched(level):
+            self.events.emit(ShadowEvent(self.function, self.model, size, agreed, cap), level)
 
     def summary(self, waiting: int = 0) -> str:
         """The calls and requests so far, for a live ``repr``: ``"412 calls, 61
@@ -611,147 +609,14 @@ class PromptRecorder:
         Args:
             waiting: Calls not sent yet (in a window, or queued for a request slot).
         """
-        calls = _plural(self._calls, "call") + (f" ({waiting} waiting)" if waiting else "")
-        flight = f" ({self._in_flight} in flight)" if self._in_flight else ""
-        line = f"{calls}, {_plural(self._requests, 'request')}{flight}"
-        if self._requests:
-            line += f", {self._items / self._requests:.1f} items/request"
-        return line
-
-    def _watched(self) -> bool:
-        """Whether anyone listens for events: the hook, or the logger at ``DEBUG``."""
-        return self._on_event is not None or logger.isEnabledFor(logging.DEBUG)
-
-    def _emit(self, event: Event, level: int = logging.DEBUG) -> None:
-        """Log ``event`` as one line at ``level``, then pass it to the hook, if any."""
-        if logger.isEnabledFor(level):
-            logger.log(level, "%s", event)
-        if self._on_event is None:
-            return
-        try:
-            self._on_event(event)
-        except Exception:
-            # A broken hook must not break the calls it watches.
-            self._hook_errors += 1
-            first = self._hook_errors == 1
-            logger.log(
-                logging.ERROR if first else logging.DEBUG,
-                "the on_event hook of %s raised on %s; ignored%s",
-                self.function,
-                type(event).__name__,
-                " (further hook errors are logged at DEBUG)" if first else "",
-                exc_info=True,
-            )
+        return self.counts.summary(waiting)
 
     def __repr__(self) -> str:
         return (
-            f"<PromptRecorder {self.function} model={self.model!r} calls={self._calls}"
-            f" requests={self._requests}>"
+            f"<PromptRecorder {self.function} model={self.model!r} calls={self.counts.calls}"
+            f" requests={self.counts.requests}>"
         )
 
 
 def _plural(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
-class _Telemetry:
-    """OpenTelemetry instruments for one recorder (shared per meter), and its attributes."""
-
-    def __init__(self, instruments: Mapping[str, Any], function: str, model: str) -> None:
-        self._i = instruments
-        self._attrs = {"coalesce.function": function, "gen_ai.request.model": model}
-        self._ok = {**self._attrs, "coalesce.outcome": "ok"}
-        self._error = {**self._attrs, "coalesce.outcome": "error"}
-        self._input = {**self._attrs, "gen_ai.token.type": "input"}
-        self._output = {**self._attrs, "gen_ai.token.type": "output"}
-        self._reask = {**self._attrs, "coalesce.reask": True}
-        self._first = {**self._attrs, "coalesce.reask": False}
-
-    @classmethod
-    def create(cls, function: str, model: str, meter_provider: Any) -> _Telemetry | None:
-        """Instruments from ``meter_provider`` (or the global one); ``None`` without OTel."""
-        try:
-            metrics: Any = importlib.import_module("opentelemetry.metrics")
-        except ImportError:
-            return None
-        provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
-        return cls(_instruments(provider), function, model)
-
-    def call(self, latency: float, wait: float | None, ok: bool, *, missed: bool) -> None:
-        self._i["call.duration"].record(latency, self._ok if ok else self._error)
-        if wait is not None:
-            self._i["call.wait"].record(wait, self._attrs)
-        if missed:
-            self._i["budget.misses"].add(1, self._attrs)
-
-    def dispatched(self, reason: str) -> None:
-        self._i["dispatches"].add(1, {**self._attrs, "coalesce.dispatch.reason": reason})
-
-    def request(
-        self,
-        items: int,
-        usage: Usage | None,
-        ttft: float | None,
-        seconds: float | None,
-        spent: float,
-        baseline: float,
-        reask: bool,
-    ) -> None:
-        attrs = self._reask if reask else self._first
-        self._i["request.items"].record(items, attrs)
-        if seconds is not None:
-            self._i["request.duration"].record(seconds, attrs)
-        if ttft is not None:
-            self._i["request.ttft"].record(ttft, attrs)
-        if usage is not None:
-            self._i["tokens"].add(usage.input_tokens, self._input)
-            self._i["tokens"].add(usage.output_tokens, self._output)
-        if not math.isnan(spent):
-            self._i["cost"].add(spent, self._attrs)
-            self._i["cost.one_per_item"].add(baseline, self._attrs)
-        if reask:
-            self._i["reasks"].add(items, self._attrs)
-
-    def request_failed(self, reask: bool) -> None:
-        self._i["request.failures"].add(1, self._reask if reask else self._first)
-
-    def retried(self) -> None:
-        self._i["retries"].add(1, self._attrs)
-
-    def unmeetable(self) -> None:
-        self._i["budget.unmeetable"].add(1, self._attrs)
-
-
-# Instruments by meter provider: creating the same instrument twice on one meter
-# makes the SDK log a warning, and there is one recorder per decorated function.
-_INSTRUMENTS: dict[int, tuple[Any, Mapping[str, Any]]] = {}
-
-
-def _instruments(provider: Any) -> Mapping[str, Any]:
-    cached = _INSTRUMENTS.get(id(provider))
-    if cached is not None and cached[0] is provider:
-        return cached[1]
-    meter = provider.get_meter("coalesce")
-    h, c = meter.create_histogram, meter.create_counter
-    instruments = {
-        "call.duration": h("coalesce.call.duration", "s", "Latency of a call, end to end"),
-        "call.wait": h("coalesce.call.wait", "s", "Wait for company before the first request"),
-        "request.duration": h("coalesce.request.duration", "s", "Duration of a request"),
-        "request.ttft": h("coalesce.request.ttft", "s", "Time to the first reply token"),
-        "request.items": h("coalesce.request.items", "{item}", "Items per request"),
-        "request.failures": c("coalesce.request.failures", "{request}", "Requests failed"),
-        "tokens": c("coalesce.tokens", "{token}", "Tokens reported by the provider"),
-        "cost": c("coalesce.cost", "USD", "Estimated cost"),
-        "cost.one_per_item": c(
-            "coalesce.cost.one_per_item", "USD", "Estimated cost of one request per item"
-        ),
-        "dispatches": c("coalesce.dispatches", "{request}", "Groups dispatched, by reason"),
-        "budget.misses": c("coalesce.budget.misses", "{call}", "Calls finished after budget"),
-        "budget.unmeetable": c(
-            "coalesce.budget.unmeetable", "{call}", "Calls whose budget could not be met alone"
-        ),
-        "retries": c("coalesce.retries", "{request}", "Requests sent again"),
-        "reasks": c("coalesce.reasks", "{item}", "Items asked again"),
-    }
-    _INSTRUMENTS[id(provider)] = (provider, instruments)
-    return instruments

@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
+from .reports import Planned, Report
 from .tokens import TokenEstimator, count_json_tokens
-
-if TYPE_CHECKING:
-    from .._calls import Job, RequestReport, Retry
 
 __all__ = [
     "KNOWN_WINDOWS",
@@ -227,16 +224,16 @@ class ContextWindow:
 
     # -- a GroupObserver ---------------------------------------------------------------
 
-    def request_sent(self, slots: Mapping[str, Sequence[Job]], reask: bool) -> None:
+    def request_sent(self, slots: Mapping[str, Sequence[Planned]], reask: bool) -> None:
         """Nothing to learn before the reply."""
 
-    def request_done(self, report: RequestReport) -> None:
+    def request_done(self, report: Report) -> None:
         """Learn from a request the provider refused as too long."""
         error = report.error
         if error is not None and is_context_error(error):
             self.learn(error, sent_tokens=self._sent_tokens(report))
 
-    def _sent_tokens(self, report: RequestReport) -> int | None:
+    def _sent_tokens(self, report: Report) -> int | None:
         """Estimated tokens of the request of ``report``: instructions, items, outputs."""
         if self._estimator is None or not report.slots:
             return None
@@ -247,10 +244,10 @@ class ContextWindow:
             total += 0 if plan is None else plan.output_tokens
         return total
 
-    def retrying(self, retry: Retry) -> None:
+    def retrying(self, retry: object) -> None:
         """Nothing to learn from a retry (a context error is not retried)."""
 
-    def group_done(self, jobs: Sequence[Job]) -> None:
+    def group_done(self, jobs: Sequence[Planned]) -> None:
         """Nothing to learn when a group is done."""
 
     def __repr__(self) -> str:

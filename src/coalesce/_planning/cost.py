@@ -62,22 +62,22 @@ def _ratio(price: Price | None) -> float:
     return price.output_per_mtok / price.input_per_mtok
 
 
-def _gain(costs: Footprint, price: Price | None, cache: PromptCache | None) -> float:
+def _gain(footprint: Footprint, price: Price | None, cache: PromptCache | None) -> float:
     """What each packed item saves: its plain shared part, less its frames."""
-    per_item = costs.item_frame + _ratio(price) * costs.answer_frame
-    return cached_share(costs.plain_shared, cache, price) - per_item
+    per_item = footprint.item_frame + _ratio(price) * footprint.answer_frame
+    return cached_share(footprint.plain_shared, cache, price) - per_item
 
 
 def packing_saves(
-    costs: Footprint, price: Price | None, items: int, cache: PromptCache | None = None
+    footprint: Footprint, price: Price | None, items: int, cache: PromptCache | None = None
 ) -> float:
     """Input-token equivalents a packed request of ``items`` saves against plain calls
     (negative: it costs more), with a warm ``cache`` if the provider has one."""
-    return items * _gain(costs, price, cache) - cached_share(costs.shared, cache, price)
+    return items * _gain(footprint, price, cache) - cached_share(footprint.shared, cache, price)
 
 
 def voting_pays(
-    costs: Footprint,
+    footprint: Footprint,
     price: Price | None,
     cache: PromptCache | None,
     *,
@@ -98,7 +98,7 @@ def voting_pays(
     calls, are paid twice.
 
     Args:
-        costs: The function's token footprint.
+        footprint: The function's token footprint.
         price: The model's price (``None``: the usual output/input ratio).
         cache: The provider's prompt cache, if it has one (assumed warm).
         item_tokens: The group's items' own input tokens, all together.
@@ -110,30 +110,30 @@ def voting_pays(
     """
     plain_overhead, packed_overhead = overheads
     plain = (
-        items * (cached_share(costs.plain_shared, cache, price) + plain_overhead)
+        items * (cached_share(footprint.plain_shared, cache, price) + plain_overhead)
         + item_tokens
         + _ratio(price) * output_tokens
     )
-    saves = packing_saves(costs, price, items, cache) + items * plain_overhead - packed_overhead
+    saves = packing_saves(footprint, price, items, cache) + items * plain_overhead - packed_overhead
     return 2 * saves > (1 + disagreement) * plain
 
 
 def smallest_paying_group(
-    costs: Footprint, price: Price | None, max_items: int, cache: PromptCache | None = None
+    footprint: Footprint, price: Price | None, max_items: int, cache: PromptCache | None = None
 ) -> int | None:
     """The smallest group whose packed request costs less than its members as plain
     calls, or ``None`` if no group of up to ``max_items`` does.
 
     Args:
-        costs: The function's token footprint.
+        footprint: The function's token footprint.
         price: The model's price (``None``: unknown; the usual price ratio is assumed).
         max_items: The largest group allowed.
         cache: The provider's prompt cache, if it has one (assumed warm).
     """
-    gain = _gain(costs, price, cache)
+    gain = _gain(footprint, price, cache)
     if gain <= 0:
         return None
-    smallest = max(2, math.floor(cached_share(costs.shared, cache, price) / gain) + 1)
+    smallest = max(2, math.floor(cached_share(footprint.shared, cache, price) / gain) + 1)
     return smallest if smallest <= max_items else None
 
 
@@ -146,7 +146,7 @@ class PackingCost:
     statistics) assume the cache is warm.
 
     Args:
-        costs: The function's token footprint.
+        footprint: The function's token footprint.
         price: The model's price, if known.
         max_items: The largest group allowed.
         cache: The provider's declared prompt cache, if any.
@@ -155,16 +155,21 @@ class PackingCost:
 
     def __init__(
         self,
-        costs: Footprint,
+        footprint: Footprint,
         price: Price | None,
         max_items: int,
         cache: PromptCache | None,
         *,
         auto: bool = True,
     ) -> None:
-        self.costs, self.price, self.max_items, self.auto = costs, price, max_items, auto
+        self.footprint, self.price, self.max_items, self.auto = footprint, price, max_items, auto
         self.cache = cache
         self.smallest = self._decide()
+
+    @property
+    def costs(self) -> Footprint:
+        """The old name of :attr:`footprint`, until its last readers move (issue 21)."""
+        return self.footprint
 
     @property
     def pays_from(self) -> float:
@@ -174,7 +179,7 @@ class PackingCost:
     def plain_cached_tokens(self) -> int:
         """Prompt tokens a plain call would read from a warm cache: its shared part,
         when the cache keeps a prefix that long."""
-        cache, shared = self.cache, self.costs.plain_shared
+        cache, shared = self.cache, self.footprint.plain_shared
         return shared if cache is not None and shared >= cache.min_tokens else 0
 
     def saw_cached(self, cached_tokens: int) -> bool:
@@ -189,4 +194,4 @@ class PackingCost:
     def _decide(self) -> int | None:
         if not self.auto:
             return 2
-        return smallest_paying_group(self.costs, self.price, self.max_items, self.cache)
+        return smallest_paying_group(self.footprint, self.price, self.max_items, self.cache)

@@ -9,14 +9,11 @@ over the calls' plans and what :class:`~coalesce._planning.state.Planning` knows
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from .._batching.policy import DispatchReason, Due
 from .planner import PlanItem, admit, due, full_after_add
+from .reports import Planned
 from .state import Planning
-
-if TYPE_CHECKING:
-    from .._calls import Job
 
 __all__ = ["BudgetPolicy"]
 
@@ -31,14 +28,16 @@ class BudgetPolicy:
     def __init__(self, planning: Planning) -> None:
         self.planning = planning
 
-    def before_add(self, members: Sequence[Job], item: Job, now: float) -> DispatchReason | None:
+    def before_add(
+        self, members: Sequence[Planned], item: Planned, now: float
+    ) -> DispatchReason | None:
         """``SOLO`` if ``item`` is predicted late even alone; else dispatch the window first
         if the item would make it full, too large or late."""
         planning = self.planning
         admission = admit(_plans(members), _plan(item), planning.limits, planning.predict, now)
         return DispatchReason.SOLO if admission.solo else admission.dispatch_first
 
-    def after_add(self, members: Sequence[Job], now: float) -> Due:
+    def after_add(self, members: Sequence[Planned], now: float) -> Due:
         """At once if full; else the latest time that keeps every member on time."""
         plans = _plans(members)
         reason = full_after_add(plans, self.planning.limits)
@@ -50,11 +49,11 @@ class BudgetPolicy:
         return f"BudgetPolicy({self.planning!r})"
 
 
-def _plan(job: Job) -> PlanItem:
+def _plan(job: Planned) -> PlanItem:
     if job.plan is None:
         raise ValueError("a call planned against a budget needs its plan")
     return job.plan
 
 
-def _plans(jobs: Sequence[Job]) -> list[PlanItem]:
+def _plans(jobs: Sequence[Planned]) -> list[PlanItem]:
     return [_plan(job) for job in jobs]

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..providers._ratelimit import RateLimitState, parse_rate_limit_headers
 from .latency import LatencyModel, LatencyPrior
+from .output import OutputTokenRegistry
 from .planner import (
     Pace,
     PlanItem,
@@ -25,11 +26,12 @@ from .planner import (
     group_tokens,
     pack_more,
 )
-from .tokens import OutputTokenRegistry, TokenEstimator, count_json_tokens
+from .tokens import TokenEstimator, count_json_tokens
 
 if TYPE_CHECKING:
-    from .._calls import Job, RequestReport, Retry
     from ..providers import Completion
+
+from .reports import Planned, Report
 
 __all__ = ["Planning"]
 
@@ -110,10 +112,10 @@ class Planning:
 
     # -- what it learns (a GroupObserver) -------------------------------------------
 
-    def request_sent(self, slots: Mapping[str, Sequence[Job]], reask: bool) -> None:
+    def request_sent(self, slots: Mapping[str, Sequence[Planned]], reask: bool) -> None:
         """Nothing to learn before the reply."""
 
-    def request_done(self, report: RequestReport) -> None:
+    def request_done(self, report: Report) -> None:
         """Learn from one request: quotas, whether replies stream, latency, output sizes."""
         if report.schema_broken or report.contradicted:
             self.replies_arrive_whole()  # answers are held for the reply's end from now on
@@ -135,10 +137,10 @@ class Planning:
             text=text,
         )
 
-    def retrying(self, retry: Retry) -> None:
+    def retrying(self, retry: object) -> None:
         """Nothing to learn from a retry itself (its 429's quota comes with the report)."""
 
-    def group_done(self, jobs: Sequence[Job]) -> None:
+    def group_done(self, jobs: Sequence[Planned]) -> None:
         """Nothing to learn when a group is done."""
 
     def read_quota(self, headers: Mapping[str, str], now: float) -> None:

@@ -25,7 +25,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from .outcomes import FailureKind, ItemFailure, Occurrence, Split, judge
-from .packing import PackedRequest, pack_value, untitled_schema
+from .packing import PackedRequest, pack_value
+from .schema import untitled_schema
 
 __all__ = [
     "ANSWER_KEY",

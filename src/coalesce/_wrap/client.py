@@ -1,154 +1,45 @@
 """``coalesce.wrap(client)``: an ``AsyncOpenAI`` / ``AsyncAnthropic`` that coalesces.
 
-The wrapper has the client's interface; only ``chat.completions.create`` and
-``.parse`` (OpenAI, also under ``beta``) and ``messages.create`` and ``.parse``
-(Anthropic) are intercepted. A compatible call (see :mod:`coalesce._wrap.plan`, and
-:mod:`coalesce._wrap.parse` for ``parse``) becomes one call of an
-:class:`~coalesce._engine.engine.Engine`, one engine per kind of call (same model, instructions and options); its caller gets
-a genuine SDK response (:mod:`coalesce._wrap.replies`) whose content is its own answer
-and whose usage is its share, charged by the engine's
-:class:`~coalesce._observe.listeners.UsageShares` listener. Anything else goes to the real
-client. Calls in different partitions (:func:`partition_key`: the client's
-``partition=`` function and the call's ``x-coalesce-partition`` header) never share a
-request.
+The wrapper has the client's interface; only the SDK methods in
+:data:`~coalesce._wrap.registry.TRANSLATORS` are intercepted (today
+``chat.completions.create`` and ``.parse``, also under ``beta``, and
+``messages.create`` and ``.parse``). Each has a :class:`~coalesce._wrap.translator.Translator`:
+a call it can read becomes one call of an :class:`~coalesce._engine.engine.Engine`
+(:class:`~coalesce._wrap.engines.Engines`: one engine per kind of call), and its caller
+gets the SDK's own object, whose content is its own answer and whose usage is its
+share. Anything else goes to the real client. Calls in different partitions
+(:func:`~coalesce._wrap.partition.partition_key`: the client's ``partition=`` function
+and the call's ``x-coalesce-partition`` header) never share a request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Hashable, Mapping
-from types import MappingProxyType
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal, TypeVar, cast
 
-import anyio
 import pydantic_core
 
-from .._calls import Job
-from .._engine.admission import check_item
-from .._engine.engine import Engine
-from .._engine.spec import (
-    DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_MAX_ITEMS,
-    DEFAULT_MAX_WAIT,
-    FunctionSpec,
-    Options,
-)
-from .._exceptions import ConfigurationError, InvalidInputError, TruncatedOutputError
-from .._observe.listeners import UsageShares
-from .._observe.recorder import EventHook, PromptRecorder, PromptStatistics
+from .._defaults import MAX_ATTEMPTS, PROMPT_MAX_ITEMS, PROMPT_MAX_WAIT
+from .._engine.spec import Options
+from .._exceptions import ConfigurationError, InvalidInputError
+from .._observe.recorder import EventHook, PromptStatistics
 from .._planning.latency import LatencyPrior
 from .._pricing import Price
-from .._validate import check_callable
+from .._validate import check_item
 from ..providers import AnthropicProvider, OpenAIProvider, Provider
 from ..providers._client import as_provider
-from .parse import (
-    anthropic_parse_plan,
-    anthropic_parsed,
-    openai_length_error,
-    openai_parse_plan,
-    openai_parsed,
-)
-from .plan import Plan, anthropic_plan, coalesce_headers, given_arguments, openai_plan
-from .replies import anthropic_response, anthropic_stream, openai_response, openai_stream
+from .call import given_arguments
+from .engines import Engines
+from .headers import coalesce_headers
+from .partition import Partition, PartitionFunction, partition_function, partition_key
+from .proxy import Proxy, overlay
+from .registry import TRANSLATORS
+from .translator import Translator
 
-__all__ = ["CoalescedClient", "Partition", "partition_key", "wrap"]
+__all__ = ["CoalescedClient", "wrap"]
 
 C = TypeVar("C")
-Respond = Callable[[Any, Job, Plan], Any]
-RespondStreamed = Callable[[Any, Job, Plan, anyio.Event], Any]
-#: ``partition(kwargs) -> key``: calls with different keys never share a prompt.
-Partition = Callable[[Mapping[str, Any]], Hashable]
-
-
-def _validator(schema: Mapping[str, Any] | None) -> Callable[[Any], Any]:
-    """A light check: text for no schema, the JSON type the schema names otherwise."""
-    kinds: dict[str, tuple[type, ...]] = {
-        "object": (dict,),
-        "array": (list,),
-        "string": (str,),
-        "integer": (int,),
-        "number": (int, float),
-        "boolean": (bool,),
-    }
-    expected = kinds.get(str(schema.get("type"))) if schema is not None else (str,)
-
-    def validate(value: Any) -> Any:
-        if expected is not None and not isinstance(value, expected):
-            raise ValueError(f"expected {expected[0].__name__}, got {type(value).__name__}")
-        return value
-
-    return validate
-
-
-class _Engines:
-    """One engine per kind of call; one recorder per model; usage shares for all."""
-
-    def __init__(self, provider: Provider, options: Options) -> None:
-        self._provider = provider
-        self._options = options
-        self._engines: dict[str, Engine] = {}
-        self._recorders: dict[str, PromptRecorder] = {}
-        self._shares = UsageShares()
-
-    def engine(self, plan: Plan) -> Engine:
-        """The engine serving calls like ``plan``."""
-        engine = self._engines.get(plan.key)
-        if engine is None:
-            spec = FunctionSpec(
-                name=f"wrap:{plan.model}",
-                provider=self._provider,
-                model=plan.model,
-                instructions=plan.instructions,
-                output_schema=plan.output_schema or {"type": "string"},
-                validate=_validator(plan.output_schema),
-                request_options=dict(plan.options),
-            )
-            recorder = self._recorder(plan.model)
-            engine = Engine(
-                spec, self._options_for(plan), recorder=recorder, observers=[self._shares]
-            )
-            self._engines[plan.key] = engine
-        return engine
-
-    def _options_for(self, plan: Plan) -> Options:
-        cap = None if plan.item_cap is None else plan.item_cap * self._options.max_items
-        if self._options.max_output_tokens is not None:
-            cap = (
-                self._options.max_output_tokens
-                if cap is None
-                else min(cap, self._options.max_output_tokens)
-            )
-        # Streamed callers get their answer as the split finds it; the others wait for
-        # the whole reply anyway (their usage share needs it).
-        return self._options.replace(max_output_tokens=cap, stream=plan.stream)
-
-    def _recorder(self, model: str) -> PromptRecorder:
-        recorder = self._recorders.get(model)
-        if recorder is None:
-            o = self._options
-            recorder = PromptRecorder(f"wrap:{model}", model, prices=o.prices, on_event=o.on_event)
-            self._recorders[model] = recorder
-        return recorder
-
-    def statistics(self) -> dict[str, PromptStatistics]:
-        return {model: recorder.snapshot() for model, recorder in self._recorders.items()}
-
-    async def answer(self, plan: Plan, partition: Hashable = None) -> tuple[Any, Job, anyio.Event]:
-        """Await ``plan``'s own answer; the job carries its usage share and reply, the
-        event is set once that share is final. Calls of different ``partition`` never
-        share a request."""
-        engine = self.engine(plan)
-        job = engine.new_job(plan.item, budget=plan.budget, partition=partition)
-        finished = self._shares.finished(job)
-        try:
-            value = await engine.answer(job)
-        except BaseException:
-            self._shares.forget(job)
-            raise
-        return value, job, finished
-
-    async def aclose(self) -> None:
-        for engine in list(self._engines.values()):
-            await engine.aclose()
+Send = Callable[..., Awaitable[Any]]
 
 
 def _check_sendable(given: Mapping[str, Any]) -> None:
@@ -165,99 +56,60 @@ def _check_sendable(given: Mapping[str, Any]) -> None:
         ) from None
 
 
-class _Proxy:
-    """Delegates every attribute to ``target`` except those in ``own``."""
-
-    def __init__(self, target: Any, own: Mapping[str, Any]) -> None:
-        self._target = target
-        self._own = dict(own)
-
-    def __getattr__(self, name: str) -> Any:
-        own = self.__dict__.get("_own", {})
-        if name in own:
-            return own[name]
-        return getattr(self.__dict__["_target"], name)
-
-    def __repr__(self) -> str:
-        return f"<coalesced {self._target!r}>"
-
-
-class CoalescedClient(_Proxy):
+class CoalescedClient(Proxy):
     """What :func:`wrap` returns: the client, with coalescing ``create`` and ``parse``.
 
-    Every attribute but ``chat.completions.create`` / ``.parse`` (OpenAI, and the same
-    under ``beta.chat.completions``) and ``messages.create`` / ``.parse`` (Anthropic) is
-    the wrapped client's own.
+    Every attribute but the methods of :data:`~coalesce._wrap.registry.TRANSLATORS`
+    (``chat.completions.create`` / ``.parse``, and the same under
+    ``beta.chat.completions``, for OpenAI; ``messages.create`` / ``.parse`` for
+    Anthropic) is the wrapped client's own.
     """
 
     def __init__(
-        self, client: Any, kind: str, engines: _Engines, partition: Partition | None = None
+        self,
+        client: Any,
+        kind: str,
+        engines: Engines,
+        partition: PartitionFunction | None = None,
     ) -> None:
         self._engines = engines
         self._partition = partition
-        if kind == "openai":
-            own = self._openai_resources(client)
-        else:
-            own = {"messages": self._anthropic_messages(client.messages)}
-        super().__init__(client, {**own, "close": self.aclose})
+        methods = {
+            path: self._intercept(translator) for path, translator in TRANSLATORS[kind].items()
+        }
+        super().__init__(client, {**overlay(client, methods), "close": self.aclose})
 
-    def _openai_resources(self, client: Any) -> dict[str, Any]:
-        own = {"chat": self._openai_chat(client.chat)}
-        beta: Any = getattr(client, "beta", None)
-        if getattr(beta, "chat", None) is not None:
-            own["beta"] = _Proxy(beta, {"chat": self._openai_chat(beta.chat)})
-        return own
+    def _intercept(self, translator: Translator) -> Callable[[Send], Send]:
+        """Given the SDK's own method, the method that coalesces through ``translator``."""
 
-    def _openai_chat(self, chat: Any) -> _Proxy:
-        completions = chat.completions
-        create, parse = completions.create, _method(completions, "parse")
+        def replace(send: Send) -> Send:
+            async def coalesced(**kwargs: Any) -> Any:
+                return await self._dispatch(translator, send, kwargs)
 
-        async def coalesced_create(**kwargs: Any) -> Any:
-            return await self._route(kwargs, openai_plan, (openai_response, openai_stream), create)
+            return coalesced
 
-        async def coalesced_parse(**kwargs: Any) -> Any:
-            respond = openai_parsed(given_arguments(kwargs).get("response_format"))
-            try:
-                # parse() never streams: its planner passes stream= through.
-                return await self._route(kwargs, openai_parse_plan, (respond, openai_stream), parse)
-            except TruncatedOutputError as exc:
-                raise openai_length_error(exc, str(kwargs.get("model"))) from exc
+        return replace
 
-        own = {"create": coalesced_create, "parse": coalesced_parse}
-        return _Proxy(chat, {"completions": _Proxy(completions, _present(completions, own))})
-
-    def _anthropic_messages(self, messages: Any) -> _Proxy:
-        create, parse = messages.create, _method(messages, "parse")
-        streamed: tuple[Respond, RespondStreamed] = (anthropic_response, anthropic_stream)
-
-        async def coalesced_create(**kwargs: Any) -> Any:
-            return await self._route(kwargs, anthropic_plan, streamed, create)
-
-        async def coalesced_parse(**kwargs: Any) -> Any:
-            respond = anthropic_parsed(given_arguments(kwargs).get("output_format"))
-            return await self._route(kwargs, anthropic_parse_plan, (respond, streamed[1]), parse)
-
-        own = {"create": coalesced_create, "parse": coalesced_parse}
-        return _Proxy(messages, _present(messages, own))
-
-    async def _route(
-        self,
-        kwargs: dict[str, Any],
-        planner: Callable[[Mapping[str, Any], float | None], Plan | None],
-        respond: tuple[Respond, RespondStreamed],
-        send: Callable[..., Awaitable[Any]],
-    ) -> Any:
+    async def _dispatch(self, translator: Translator, send: Send, kwargs: dict[str, Any]) -> Any:
+        """One intercepted call: to the engine when ``translator`` reads it and packing
+        pays, to the SDK's own method ``send`` otherwise."""
         cleaned, headers = coalesce_headers(kwargs)
+        if not headers.coalesce:
+            return await send(**cleaned)
         given = given_arguments(cleaned)
-        if headers.coalesce:
-            _check_sendable(given)
-        plan = planner(given, headers.budget) if headers.coalesce else None
-        if plan is None or self._engines.engine(plan).pays_from is None:
+        _check_sendable(given)
+        call = translator.read(given)
+        if call is None or self._engines.engine(call).pays_from is None:
             return await send(**cleaned)  # not coalescible, or packing cannot pay
         key = partition_key(self._partition, kwargs, headers.partition)
-        value, job, finished = await self._engines.answer(plan, key)
-        whole, streamed = respond
-        return streamed(value, job, plan, finished) if plan.stream else whole(value, job, plan)
+        try:
+            answer = await self._engines.answer(call, headers.budget, key)
+        except Exception as exc:
+            error = translator.error(exc, given)
+            if error is exc:
+                raise
+            raise error from exc
+        return translator.reply(answer, given)
 
     def statistics(self) -> dict[str, PromptStatistics]:
         """Immutable snapshots of the coalesced calls, one per model.
@@ -282,50 +134,6 @@ class CoalescedClient(_Proxy):
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
-
-
-def _method(resource: Any, name: str) -> Any:
-    """``resource.name``, or ``None`` where this SDK's resource has none."""
-    return getattr(resource, name, None)
-
-
-def _present(resource: Any, methods: Mapping[str, Any]) -> dict[str, Any]:
-    """Those of ``methods`` the SDK resource has (``parse`` is missing from older SDKs)."""
-    return {name: method for name, method in methods.items() if hasattr(resource, name)}
-
-
-def partition_key(
-    partition: Partition | None, kwargs: Mapping[str, Any], header: str | None
-) -> Hashable:
-    """The batcher's partition of one call: its ``x-coalesce-partition`` header and
-    what ``partition`` says of its keyword arguments (``None``: the shared partition).
-
-    Args:
-        partition: The client's partition function, if any.
-        kwargs: The call's keyword arguments, as the caller gave them.
-        header: The call's ``x-coalesce-partition`` header, if any.
-
-    Raises:
-        ConfigurationError: ``partition`` raised, or returned an unhashable value.
-    """
-    if partition is None:
-        return None if header is None else (header, None)
-    name = getattr(partition, "__qualname__", repr(partition))
-    try:
-        key = partition(MappingProxyType(given_arguments(kwargs)))
-    except Exception as exc:
-        raise ConfigurationError(
-            f"the partition function {name} raised {exc!r} for this call; it receives the"
-            " call's keyword arguments (a read-only mapping) and must return a hashable key"
-        ) from exc
-    try:
-        hash(key)
-    except TypeError as exc:
-        raise ConfigurationError(
-            f"the partition function {name} returned {key!r}, which is not hashable; return"
-            " a str, an int or a tuple of them"
-        ) from exc
-    return (header, key)
 
 
 def _kind(client: Any) -> tuple[Provider, str]:
@@ -375,12 +183,12 @@ def _options(client: Any, given: Mapping[str, Any]) -> Options:
 def wrap(
     client: C,
     *,
-    max_wait: float = DEFAULT_MAX_WAIT,
-    max_items: int = DEFAULT_MAX_ITEMS,
+    max_wait: float = PROMPT_MAX_WAIT,
+    max_items: int = PROMPT_MAX_ITEMS,
     max_concurrency: int | None = None,
     latency_budget: float | None = None,
     partition: Partition | None = None,
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    max_attempts: int = MAX_ATTEMPTS,
     max_retries: int | None = None,
     max_output_tokens: int | None = None,
     timeout: float | None = None,
@@ -403,9 +211,9 @@ def wrap(
         max_items: Most items per request (default 4).
         max_concurrency: Most coalesced requests in flight at once (default: no limit).
         latency_budget: Seconds a coalesced call may wait end to end (default: none).
-        partition: ``partition(kwargs) -> key``, called with each coalesced call's
-            keyword arguments (a read-only mapping): calls with different keys never
-            share a prompt (see ``docs/isolation.md``).
+        partition: ``partition(**kwargs) -> key``, called with each coalesced call's
+            keyword arguments: calls with different keys never share a prompt (see
+            ``docs/isolation.md``; ``partition(kwargs)``, one mapping, is deprecated).
         max_attempts: (and ``max_retries``) Requests that may carry one item, re-asks included
             (default 4); retries of a failed request (default: the client's).
         max_output_tokens: Cap on a packed reply's tokens (default: each call's own cap
@@ -430,5 +238,5 @@ def wrap(
     """
     provider, kind = _kind(client)
     options = _options(client, locals())
-    check_callable("partition", partition)
-    return cast(C, CoalescedClient(client, kind, _Engines(provider, options), partition))
+    by = partition_function(partition)
+    return cast(C, CoalescedClient(client, kind, Engines(provider, options), by))

@@ -14,11 +14,9 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import anyio
-
 from .._calls import Job
-from .plan import Plan
 from .stream import CoalescedStream, anthropic_events, openai_chunks
+from .translator import Answer
 
 __all__ = ["anthropic_response", "anthropic_stream", "openai_response", "openai_stream"]
 
@@ -31,12 +29,17 @@ def _usage_dict(job: Job, names: tuple[str, str]) -> dict[str, int]:
     return {names[0]: job.prompt_tokens, names[1]: job.completion_tokens}
 
 
-def openai_response(value: Any, job: Job, plan: Plan) -> Any:
+def _text(answer: Answer) -> str:
+    """The answer as the SDK's message text: itself, or its JSON for a schema."""
+    return answer.value if answer.call.output_schema is None else _dumps(answer.value)
+
+
+def openai_response(answer: Answer) -> Any:
     """The ``ChatCompletion`` of one answered item."""
     from openai.types.chat import ChatCompletion
 
+    job = answer.job
     reply = dict(job.reply)
-    text = value if plan.output_schema is None else _dumps(value)
     usage = _usage_dict(job, ("prompt_tokens", "completion_tokens"))
     usage["total_tokens"] = job.prompt_tokens + job.completion_tokens
     return ChatCompletion.model_validate(
@@ -45,11 +48,11 @@ def openai_response(value: Any, job: Job, plan: Plan) -> Any:
             "id": f"{reply.get('id', 'chatcmpl-coalesce')}-{job.reply_id}",
             "object": "chat.completion",
             "created": reply.get("created") or 0,
-            "model": reply.get("model") or plan.model,
+            "model": reply.get("model") or answer.call.model,
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": text, "refusal": None},
+                    "message": {"role": "assistant", "content": _text(answer), "refusal": None},
                     "finish_reason": "stop",
                     "logprobs": None,
                 }
@@ -59,17 +62,22 @@ def openai_response(value: Any, job: Job, plan: Plan) -> Any:
     )
 
 
-def _anthropic_block(value: Any, base: str, plan: Plan) -> dict[str, Any]:
-    if plan.tool is not None:
-        return {"type": "tool_use", "id": f"toolu_{base}", "name": plan.tool, "input": value}
-    text = value if plan.output_schema is None else _dumps(value)
-    return {"type": "text", "text": text}
+def _anthropic_block(answer: Answer, base: str) -> dict[str, Any]:
+    tool = answer.call.tool
+    if tool is not None:
+        return {"type": "tool_use", "id": f"toolu_{base}", "name": tool, "input": answer.value}
+    return {"type": "text", "text": _text(answer)}
 
 
-def anthropic_response(value: Any, job: Job, plan: Plan) -> Any:
+def _stop_reason(answer: Answer) -> str:
+    return "tool_use" if answer.call.tool is not None else "end_turn"
+
+
+def anthropic_response(answer: Answer) -> Any:
     """The ``Message`` of one answered item."""
     from anthropic.types import Message
 
+    job = answer.job
     reply = dict(job.reply)
     base = f"{reply.get('id', 'msg_coalesce')}_{job.reply_id}"
     return Message.model_validate(
@@ -77,52 +85,44 @@ def anthropic_response(value: Any, job: Job, plan: Plan) -> Any:
             "id": base,
             "type": "message",
             "role": "assistant",
-            "model": reply.get("model") or plan.model,
-            "content": [_anthropic_block(value, base, plan)],
-            "stop_reason": "tool_use" if plan.tool is not None else "end_turn",
+            "model": reply.get("model") or answer.call.model,
+            "content": [_anthropic_block(answer, base)],
+            "stop_reason": _stop_reason(answer),
             "stop_sequence": None,
             "usage": _usage_dict(job, ("input_tokens", "output_tokens")),
         }
     )
 
 
-def _share(job: Job, finished: anyio.Event) -> Callable[[], Awaitable[tuple[int, int]]]:
+def _share(answer: Answer) -> Callable[[], Awaitable[tuple[int, int]]]:
     """Waits until the job's group is done; then its ``(input, output)`` token share."""
 
     async def share() -> tuple[int, int]:
-        await finished.wait()
-        return job.prompt_tokens, job.completion_tokens
+        await answer.finished.wait()
+        return answer.job.prompt_tokens, answer.job.completion_tokens
 
     return share
 
 
-def openai_stream(value: Any, job: Job, plan: Plan, finished: anyio.Event) -> CoalescedStream[Any]:
+def openai_stream(answer: Answer) -> CoalescedStream[Any]:
     """The chunks of one answered item, as soon as its output is complete.
 
     The packed reply is still being written, so the chunks carry coalesce's own id
     (``chatcmpl-coalesce-...``) and the requested model name.
     """
-    text = value if plan.output_schema is None else _dumps(value)
     reply = {
         "id": f"chatcmpl-coalesce-{uuid.uuid4().hex}",
         "created": int(time.time()),
-        "model": plan.model,
+        "model": answer.call.model,
     }
-    chunks = openai_chunks(
-        text, reply, include_usage=plan.include_usage, usage=_share(job, finished)
-    )
+    include_usage = answer.call.include_usage
+    chunks = openai_chunks(_text(answer), reply, include_usage=include_usage, usage=_share(answer))
     return CoalescedStream(chunks)
 
 
-def anthropic_stream(
-    value: Any, job: Job, plan: Plan, finished: anyio.Event
-) -> CoalescedStream[Any]:
+def anthropic_stream(answer: Answer) -> CoalescedStream[Any]:
     """The events of one answered item, as soon as its output is complete."""
     base = f"msg_coalesce_{uuid.uuid4().hex}"
-    message = {
-        "id": base,
-        "model": plan.model,
-        "stop_reason": "tool_use" if plan.tool is not None else "end_turn",
-    }
-    block = _anthropic_block(value, base, plan)
-    return CoalescedStream(anthropic_events(block, message, usage=_share(job, finished)))
+    message = {"id": base, "model": answer.call.model, "stop_reason": _stop_reason(answer)}
+    block = _anthropic_block(answer, base)
+    return CoalescedStream(anthropic_events(block, message, usage=_share(answer)))

@@ -11,9 +11,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._pricing import PromptCache
-from .._wire.packing import anthropic_tool
-from ._base import Completion, CompletionRequest, RetryAdvice, Usage
-from ._http import Collector, lower_headers, sdk_advice, sdk_transport_errors
+from ._base import Completion, CompletionRequest, Usage
+from ._http import Collector, lower_headers
+from ._sdk import SDKProvider, sdk_transport_errors
+from ._shapes import anthropic_tool
 
 if TYPE_CHECKING:
     import anthropic
@@ -64,7 +65,7 @@ def _usage(usage: Any, output_tokens: int | None = None) -> Usage:
     return Usage(fresh + cache_read + cache_write, output_tokens, cache_read, cache_write)
 
 
-class AnthropicProvider:
+class AnthropicProvider(SDKProvider["anthropic.AsyncAnthropic"]):
     """Messages through an ``anthropic.AsyncAnthropic`` client.
 
     The client is copied with ``max_retries=0`` (yours is left as it is) so the SDK's
@@ -82,7 +83,7 @@ class AnthropicProvider:
             enough (see :data:`CACHE_MINIMUMS`). Default ``True``.
     """
 
-    structured = True
+    sdk = "anthropic"
     #: A reply that is not streamed arrives parsed (the tool's ``input`` object), so a
     #: key the model repeated is gone before coalesce sees it; coalesce then asks for a
     #: list of results (wire format 1), where a repeated id stays visible.
@@ -97,11 +98,11 @@ class AnthropicProvider:
         enforces_schema: bool = False,
         prompt_cache: bool = True,
     ) -> None:
+        super().__init__(client)
         self.name = name
         self.enforces_schema = enforces_schema
         self.caches = prompt_cache
         self.default_max_tokens = default_max_tokens
-        self._client = client.with_options(max_retries=0)
 
     async def complete(
         self, request: CompletionRequest, on_text: Callable[[str], None] | None = None
@@ -134,11 +135,6 @@ class AnthropicProvider:
 
     #: Which batch API serves this provider's deferred lane.
     batch_api = "anthropic"
-
-    @property
-    def client(self) -> Any:
-        """The SDK client requests go through (a copy of yours, with ``max_retries=0``)."""
-        return self._client
 
     def prompt_cache(self, model: str) -> PromptCache | None:
         """How ``model``'s prompt prefixes are cached, when requests mark them.
@@ -180,16 +176,6 @@ class AnthropicProvider:
         if request.stream:
             args["stream"] = True
         return args
-
-    def advise(self, error: BaseException) -> RetryAdvice:
-        """Retry 408, 409, 429 (after ``retry-after``), 5xx and 529, timeouts, connection errors.
-
-        Args:
-            error: What :meth:`complete` raised.
-        """
-        import anthropic
-
-        return sdk_advice(error, anthropic)
 
     def __repr__(self) -> str:
         return f"<AnthropicProvider base_url={str(self._client.base_url)!r}>"

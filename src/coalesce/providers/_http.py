@@ -1,13 +1,12 @@
 """Any OpenAI-compatible endpoint (vLLM, TGI, llama.cpp server, Ollama) over ``httpx``.
 
 Also home of the small pieces every provider shares: header normalisation, the
-collector that assembles a streamed reply, and the retry advice and error translation
-for the two official SDKs (whose error classes have the same shape).
+collector that assembles a streamed reply, retry advice from an HTTP status, and
+recognising a transport error without importing its library.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 from collections.abc import (
@@ -15,7 +14,6 @@ from collections.abc import (
     AsyncIterator,
     Callable,
     Iterable,
-    Iterator,
     Mapping,
 )
 from contextlib import aclosing
@@ -25,8 +23,8 @@ from typing import Any
 import anyio
 import httpx
 
-from .._wire.packing import openai_response_format
 from ._base import Completion, CompletionRequest, RetryAdvice, Usage
+from ._shapes import openai_response_format
 
 __all__ = [
     "REPLY_FIELDS",
@@ -36,8 +34,6 @@ __all__ = [
     "lower_headers",
     "read_chat_stream",
     "retry_after",
-    "sdk_advice",
-    "sdk_transport_errors",
     "status_advice",
     "transport_error_kind",
 ]
@@ -89,44 +85,6 @@ def status_advice(status: int, headers: Mapping[str, str]) -> RetryAdvice:
         retry = status in RETRY_STATUSES or status >= 500
     after = retry_after(headers) if retry else None
     return RetryAdvice(retry=retry, after=after, headers={k.lower(): v for k, v in headers.items()})
-
-
-def sdk_advice(error: BaseException, sdk: Any) -> RetryAdvice:
-    """Whether an official SDK's exception is worth retrying, and when.
-
-    An ``APIStatusError`` is judged by :func:`status_advice`; an ``APIConnectionError``
-    (``APITimeoutError`` is one) is retried; anything else is not.
-
-    Args:
-        error: What the provider's ``complete`` raised.
-        sdk: The SDK module, ``openai`` or ``anthropic``.
-    """
-    if isinstance(error, sdk.APIStatusError):
-        return status_advice(error.status_code, lower_headers(error.response.headers.items()))
-    return RetryAdvice(retry=isinstance(error, sdk.APIConnectionError))
-
-
-@contextlib.contextmanager
-def sdk_transport_errors(sdk: Any, request: Any) -> Iterator[None]:
-    """Re-raise a transport error that escaped an SDK's stream as the SDK's own.
-
-    The SDKs wrap httpx / httpx2 errors while sending, but can let them through while a
-    stream is read; callers should only ever see the SDK's types.
-
-    Args:
-        sdk: The SDK module, ``openai`` or ``anthropic``.
-        request: The SDK's HTTP request, for the new error.
-    """
-    try:
-        yield
-    except Exception as exc:
-        kind = transport_error_kind(exc)
-        if kind == "timeout":
-            raise sdk.APITimeoutError(request=request) from exc
-        if kind == "connection":
-            message = f"Connection error: {exc}"
-            raise sdk.APIConnectionError(message=message, request=request) from exc
-        raise
 
 
 def lower_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:

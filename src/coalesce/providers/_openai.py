@@ -10,16 +10,9 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from .._pricing import PromptCache
-from ._base import Completion, CompletionRequest, RetryAdvice, Usage
-from ._http import (
-    REPLY_FIELDS,
-    Collector,
-    chat_body,
-    lower_headers,
-    read_chat_stream,
-    sdk_advice,
-    sdk_transport_errors,
-)
+from ._base import Completion, CompletionRequest, Usage
+from ._http import REPLY_FIELDS, Collector, chat_body, lower_headers, read_chat_stream
+from ._sdk import SDKProvider, sdk_transport_errors
 
 if TYPE_CHECKING:
     import openai
@@ -39,7 +32,7 @@ def _enforcing_host(base_url: str) -> bool:
     return host in _ENFORCING_HOSTS or host.endswith(_ENFORCING_SUFFIXES)
 
 
-class OpenAIProvider:
+class OpenAIProvider(SDKProvider["openai.AsyncOpenAI"]):
     """Chat completions through an ``openai.AsyncOpenAI`` client.
 
     The client is copied with ``max_retries=0`` (yours is left as it is): retries are
@@ -61,7 +54,7 @@ class OpenAIProvider:
             are taken not to until a reply reports cached tokens. ``False``: never.
     """
 
-    structured = True
+    sdk = "openai"
 
     def __init__(
         self,
@@ -72,9 +65,9 @@ class OpenAIProvider:
         enforces_schema: bool | None = None,
         prompt_cache: PromptCache | bool | None = None,
     ) -> None:
+        super().__init__(client)
         self.name = name
         self.strict = strict
-        self._client = client.with_options(max_retries=0)
         official = _enforcing_host(str(client.base_url))
         if enforces_schema is None:
             enforces_schema = strict and official
@@ -85,11 +78,6 @@ class OpenAIProvider:
 
     #: Which batch API serves this provider's deferred lane.
     batch_api = "openai"
-
-    @property
-    def client(self) -> Any:
-        """The SDK client requests go through (a copy of yours, with ``max_retries=0``)."""
-        return self._client
 
     def prompt_cache(self, model: str) -> PromptCache | None:
         """How the server caches prompt prefixes (the same for every model).
@@ -138,16 +126,6 @@ class OpenAIProvider:
         if request.cache_key is not None and self._prompt_cache is not None:
             body.setdefault("prompt_cache_key", request.cache_key)
         return body
-
-    def advise(self, error: BaseException) -> RetryAdvice:
-        """Retry 408, 409, 429 (after ``retry-after``), 5xx, timeouts and connection errors.
-
-        Args:
-            error: What :meth:`complete` raised.
-        """
-        import openai
-
-        return sdk_advice(error, openai)
 
     def __repr__(self) -> str:
         return f"<OpenAIProvider base_url={str(self._client.base_url)!r} strict={self.strict}>"

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from coalesce._exceptions import ConfigurationError
 
 from ._asgi import HttpError
+from ._faults import FaultSource
+from ._flex import FlexSource
 from ._routing import Call
 
 __all__ = ["expire_batch", "inject", "inject_flex", "reset", "root", "stats"]
@@ -59,16 +64,8 @@ async def inject(call: Call) -> None:
     Raises:
         HttpError: The body is not ``{"script": [...]}`` or names an unknown fault.
     """
-    script = call.request.json_object().get("script")
-    if not isinstance(script, list):
-        raise HttpError(
-            400, 'send {"script": [...]}: one entry (null, a fault or a list) per request'
-        )
-    try:
-        call.sim.faults.inject(*script)
-    except ConfigurationError as exc:
-        raise HttpError(400, str(exc)) from None
-    await call.reply({"pending": call.sim.faults.pending})
+    usage = "one entry (null, a fault or a list) per request"
+    await _script(call, call.sim.faults, usage)
 
 
 async def inject_flex(call: Call) -> None:
@@ -77,16 +74,17 @@ async def inject_flex(call: Call) -> None:
     Raises:
         HttpError: The body is not ``{"script": [true, false, ...]}``.
     """
+    await _script(call, call.sim.flex, "true (refuse) or false (serve) per flex request")
+
+
+async def _script(call: Call, source: FaultSource | FlexSource, usage: str) -> None:
+    """Script ``source`` with the body's ``script``; answer how many entries wait."""
     script = call.request.json_object().get("script")
     if not isinstance(script, list):
-        raise HttpError(
-            400, 'send {"script": [...]}: true (refuse) or false (serve) per flex request'
-        )
-    try:
-        call.sim.flex.inject(*script)
-    except ConfigurationError as exc:
-        raise HttpError(400, str(exc)) from None
-    await call.reply({"pending": call.sim.flex.pending})
+        raise HttpError(400, f'send {{"script": [...]}}: {usage}')
+    with _refused():
+        source.inject(*script)
+    await call.reply({"pending": source.pending})
 
 
 async def expire_batch(call: Call) -> None:
@@ -97,8 +95,15 @@ async def expire_batch(call: Call) -> None:
         HttpError: The body is not ``{"after_lines": n}`` with ``n >= 0``.
     """
     after = call.request.json_object().get("after_lines", 0)
-    try:
+    with _refused():
         call.sim.batches.stall_next(after)
+    await call.reply({"after_lines": after})
+
+
+@contextmanager
+def _refused() -> Iterator[None]:
+    """A value the simulator refuses is the client's error: ``400`` with the reason."""
+    try:
+        yield
     except ConfigurationError as exc:
         raise HttpError(400, str(exc)) from None
-    await call.reply({"after_lines": after})

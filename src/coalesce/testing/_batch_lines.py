@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from ._accounting import RequestRecord
 from ._asgi import HttpError
-from ._batch_rules import OverLimit, over_limit
+from ._batch_rules import OverLimit, over_limit, page
 from ._batches import Batch, LineResult
 from ._cache_store import CacheUse
 from ._engine import Prompt, ReplyContext, count_text, prompt_tokens
@@ -26,6 +27,7 @@ from ._wire import parse_packed
 __all__ = [
     "BatchUsage",
     "answer_line",
+    "batch_page",
     "batch_usage",
     "find_batch",
     "jsonl",
@@ -182,16 +184,28 @@ def store_batch(
     return batch
 
 
-def find_batch(sim: Simulation, batch_id: str) -> Batch:
-    """Return the batch with this id.
+def find_batch(sim: Simulation, batch_id: str, provider: str) -> Batch:
+    """Return ``provider``'s batch with this id.
 
     Raises:
-        HttpError: There is none.
+        HttpError: There is none (404, in that API's words).
     """
     batch = sim.batches.batches.get(batch_id)
     if batch is None:
         raise HttpError(404, f"no batch with id {batch_id!r}")
+    if batch.provider != provider:
+        what = "message batch" if provider == "anthropic" else "batch"
+        raise HttpError(404, f"no {what} with id {batch_id!r}")
     return batch
+
+
+def batch_page(
+    sim: Simulation, provider: str, limit: int, *, after: str | None, before: str | None = None
+) -> tuple[Sequence[Batch], bool]:
+    """Return one page of ``provider``'s batches, newest first, and whether more follow
+    (see :func:`~coalesce.testing._batch_rules.page`)."""
+    batches = [b for b in reversed(sim.batches.batches.values()) if b.provider == provider]
+    return page(batches, [b.id for b in batches], limit, after=after, before=before)
 
 
 def jsonl(lines: list[str]) -> bytes:

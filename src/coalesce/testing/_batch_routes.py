@@ -14,8 +14,8 @@ import json
 from typing import Any
 
 from ._asgi import HttpError, send_body
-from ._batch_lines import batch_usage, find_batch, jsonl, limit, store_batch
-from ._batch_rules import OverLimit, check_metadata, duplicates, page, page_size
+from ._batch_lines import batch_page, batch_usage, find_batch, jsonl, limit, store_batch
+from ._batch_rules import OverLimit, check_metadata, duplicates, page_body, page_size
 from ._batches import Batch, LineResult, StoredFile, openai_status
 from ._multipart import parse_form
 from ._openai import OPENAI
@@ -244,10 +244,7 @@ async def get_batch(call: Call) -> None:
 
 
 def _openai(sim: Simulation, batch_id: str) -> Batch:
-    batch = find_batch(sim, batch_id)
-    if batch.provider != "openai":
-        raise HttpError(404, f"no batch with id {batch_id!r}")
-    return batch
+    return find_batch(sim, batch_id, "openai")
 
 
 async def cancel_batch(call: Call) -> None:
@@ -268,15 +265,7 @@ async def cancel_batch(call: Call) -> None:
 async def list_batches(call: Call) -> None:
     """``GET /v1/batches``: OpenAI batches, newest first, ``limit`` (default 20, at most
     100) at a time from the one ``after`` the cursor."""
-    batches = [b for b in reversed(call.sim.batches.batches.values()) if b.provider == "openai"]
     size = page_size(call.request.query, 100)
-    chosen, more = page(
-        batches, [b.id for b in batches], size, after=call.request.query.get("after")
-    )
+    chosen, more = batch_page(call.sim, "openai", size, after=call.request.query.get("after"))
     data = [_openai_batch(call.sim, b) for b in chosen]
-    await call.reply(
-        {
-            "object": "list", "data": data, "has_more": more,
-            "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None,
-        }
-    )  # fmt: skip
+    await call.reply({"object": "list", **page_body(data, more)})

@@ -20,6 +20,7 @@ __all__ = [
     "invalid_anthropic_ids",
     "over_limit",
     "page",
+    "page_body",
     "page_size",
 ]
 
@@ -155,3 +156,15 @@ def page(
         return items[index + 1 : index + 1 + limit], index + 1 + limit < len(items)
     start = max(0, index - limit)
     return items[start:index], start > 0
+
+
+def page_body(data: Sequence[Mapping[str, Any]], more: bool) -> dict[str, Any]:
+    """Return the fields both APIs give a page of a list: the objects, whether more
+    follow, and the first and last ids (``None`` on an empty page).
+
+    Args:
+        data: The page's objects, each with an ``id``.
+        more: Whether more follow.
+    """
+    first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+    return {"data": list(data), "has_more": more, "first_id": first, "last_id": last}

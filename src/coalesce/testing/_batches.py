@@ -161,15 +161,8 @@ def batch_end(
 def openai_status(
     timeline: Timeline, cancel_at: float | None, cancelling: float, failed: bool, now: float
 ) -> str:
-    """Return an OpenAI batch's status at ``now``.
-
-    Args:
-        timeline: The batch's timeline.
-        cancel_at: When a cancel was requested, if ever.
-        cancelling: Scaled duration of the cancelling phase.
-        failed: Validation failed.
-        now: The time asked.
-    """
+    """Return an OpenAI batch's status at ``now``; the other arguments are
+    :func:`batch_end`'s."""
     if cancel_at is not None:
         return "cancelled" if now >= cancel_at + cancelling else "cancelling"
     if now < timeline.validated:
@@ -186,14 +179,8 @@ def openai_status(
 def anthropic_status(
     timeline: Timeline, cancel_at: float | None, cancelling: float, now: float
 ) -> str:
-    """Return an Anthropic message batch's ``processing_status`` at ``now``.
-
-    Args:
-        timeline: The batch's timeline.
-        cancel_at: When a cancel was requested, if ever.
-        cancelling: Scaled duration of the canceling phase.
-        now: The time asked.
-    """
+    """Return an Anthropic message batch's ``processing_status`` at ``now``; the
+    other arguments are :func:`batch_end`'s."""
     if cancel_at is not None:
         return "ended" if now >= cancel_at + cancelling else "canceling"
     end = batch_end(timeline, None, cancelling, failed=False)

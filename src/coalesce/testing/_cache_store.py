@@ -86,6 +86,16 @@ class CacheUse(NamedTuple):
     prefixes: tuple[PrefixKey, ...] = ()
 
 
+class _Lookup(NamedTuple):
+    """One request's lookup, as :meth:`PromptCacheStore.lookup` takes it."""
+
+    request: CacheRequest
+    scope: tuple[str, str]
+    prompt_tokens: int
+    at: float
+    count: Counter
+
+
 class _Prompts:
     """OpenAI prompts of one (API key, model, cache key), sorted."""
 
@@ -164,48 +174,32 @@ class PromptCacheStore:
         config = self.config
         if config is None or not request.segments:
             return CacheUse()
-        if request.automatic:
-            return self._automatic(config, request, scope, prompt_tokens, at, count)
-        return self._breakpoints(config, request, scope, prompt_tokens, at, count)
+        ask = _Lookup(request, scope, prompt_tokens, at, count)
+        return self._automatic(config, ask) if request.automatic else self._breakpoints(config, ask)
 
-    def _automatic(
-        self,
-        config: SimulatedPromptCache,
-        request: CacheRequest,
-        scope: tuple[str, str],
-        prompt_tokens: int,
-        at: float,
-        count: Counter,
-    ) -> CacheUse:
-        minimum = config.minimum_for(scope[1])
-        key: PromptScope = (*scope, request.key)
+    def _automatic(self, config: SimulatedPromptCache, ask: _Lookup) -> CacheUse:
+        request, prompt_tokens, at = ask.request, ask.prompt_tokens, ask.at
+        minimum = config.minimum_for(ask.scope[1])
+        key: PromptScope = (*ask.scope, request.key)
         text = serialize(request.segments)
         prompts = self.prompts.get(key)
         chars, other = (0, None) if prompts is None else prompts.nearest(text, at, self._now(at))
-        common = min(prefix_tokens(request.segments, chars, count), prompt_tokens)
+        common = min(prefix_tokens(request.segments, chars, ask.count), prompt_tokens)
         read = openai_cached(common, minimum, config.increment)
         touched = [other] if read and other is not None else []
         if prompt_tokens >= minimum:
             touched.append(text)
         return CacheUse(read, 0, prompts=tuple((key, t) for t in touched))
 
-    def _breakpoints(
-        self,
-        config: SimulatedPromptCache,
-        request: CacheRequest,
-        scope: tuple[str, str],
-        prompt_tokens: int,
-        at: float,
-        count: Counter,
-    ) -> CacheUse:
+    def _breakpoints(self, config: SimulatedPromptCache, ask: _Lookup) -> CacheUse:
+        request = ask.request
         marks = [i for i, segment in enumerate(request.segments) if segment.mark]
         if not marks:
             return CacheUse()
-        tokens = boundary_tokens(request.segments, count, prompt_tokens)
-        digests = _digests(request)
-        keys: list[PrefixKey] = [(*scope, digest) for digest in digests]
-        live = {i for i, key in enumerate(keys) if self._live(key, at)}
-        minimum = config.minimum_for(scope[1])
+        tokens = boundary_tokens(request.segments, ask.count, ask.prompt_tokens)
+        keys: list[PrefixKey] = [(*ask.scope, digest) for digest in _digests(request)]
+        live = {i for i, key in enumerate(keys) if self._live(key, ask.at)}
+        minimum = config.minimum_for(ask.scope[1])
         plan = plan_breakpoints(tokens, marks, live, minimum, config.lookback)
         touched = [*plan.store, *([plan.hit] if plan.hit is not None else [])]
         return CacheUse(plan.read, plan.written, prefixes=tuple(keys[i] for i in touched))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -128,24 +128,9 @@ def provider_options(config: Mapping[str, Any]) -> dict[str, Any]:
         "seed": int(config.get("seed", 0)),
         "output_tokens": _output_tokens(config.get("output_tokens")),
     }
-    if "latency" in config:
-        options["latency"] = _latency(config["latency"])
-    if "rate_limits" in config:
-        options["rate_limits"] = _rate_limits(config["rate_limits"])
-    if "faults" in config:
-        options["faults"] = _build(FaultPlan, config["faults"], "faults")
-    if "context_window" in config:
-        options["context_window"] = config["context_window"]  # checked by the provider
-    if "batches" in config:
-        options["batches"] = _build(BatchTiming, config["batches"], "batches")
-    if "flex" in config:
-        options["flex"] = _build(FlexProcessing, config["flex"], "flex")
-    if "enqueued_token_limit" in config:
-        options["enqueued_token_limit"] = config["enqueued_token_limit"]  # checked by the provider
-    if "degradation" in config:
-        options["degradation"] = _build(PackingDegradation, config["degradation"], "degradation")
-    if "prompt_cache" in config:
-        options["prompt_cache"] = _prompt_cache(config["prompt_cache"])
+    for key, read in _SECTIONS.items():
+        if key in config:
+            options[key] = read(config[key])
     return options
 
 
@@ -153,3 +138,25 @@ def _prompt_cache(section: Any) -> SimulatedPromptCache | bool:
     if isinstance(section, bool):
         return section
     return _build(SimulatedPromptCache, section, "prompt_cache")  # type: ignore[no-any-return]
+
+
+def _given(section: Any) -> Any:
+    return section  # checked by the provider itself
+
+
+def _object(kind: Any, name: str) -> Callable[[Any], Any]:
+    return lambda section: _build(kind, section, name)
+
+
+#: The optional sections, each with how it is read, in the order they are checked.
+_SECTIONS: Mapping[str, Callable[[Any], Any]] = {
+    "latency": _latency,
+    "rate_limits": _rate_limits,
+    "faults": _object(FaultPlan, "faults"),
+    "context_window": _given,
+    "batches": _object(BatchTiming, "batches"),
+    "flex": _object(FlexProcessing, "flex"),
+    "enqueued_token_limit": _given,
+    "degradation": _object(PackingDegradation, "degradation"),
+    "prompt_cache": _prompt_cache,
+}

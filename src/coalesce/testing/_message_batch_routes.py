@@ -16,8 +16,8 @@ from typing import Any
 
 from ._anthropic import ANTHROPIC
 from ._asgi import HttpError, send_body
-from ._batch_lines import batch_usage, find_batch, jsonl, limit, store_batch
-from ._batch_rules import OverLimit, duplicates, invalid_anthropic_ids, page, page_size
+from ._batch_lines import batch_page, batch_usage, find_batch, jsonl, limit, store_batch
+from ._batch_rules import OverLimit, duplicates, invalid_anthropic_ids, page_body, page_size
 from ._batches import Batch, LineResult, anthropic_status, lines_done
 from ._routing import Call, Simulation
 
@@ -111,10 +111,7 @@ def _message_batch(sim: Simulation, batch: Batch, base_url: str) -> dict[str, An
 
 
 def _anthropic(sim: Simulation, batch_id: str) -> Batch:
-    batch = find_batch(sim, batch_id)
-    if batch.provider != "anthropic":
-        raise HttpError(404, f"no message batch with id {batch_id!r}")
-    return batch
+    return find_batch(sim, batch_id, "anthropic")
 
 
 async def get_message_batch(call: Call) -> None:
@@ -127,18 +124,12 @@ async def list_message_batches(call: Call) -> None:
     """``GET /v1/messages/batches``: message batches, newest first, ``limit`` (default
     20, at most 1000) at a time, after ``after_id`` or before ``before_id``."""
     query = call.request.query
-    batches = [b for b in reversed(call.sim.batches.batches.values()) if b.provider == "anthropic"]
-    chosen, more = page(
-        batches, [b.id for b in batches], page_size(query, 1000),
+    chosen, more = batch_page(
+        call.sim, "anthropic", page_size(query, 1000),
         after=query.get("after_id"), before=query.get("before_id"),
     )  # fmt: skip
     data = [_message_batch(call.sim, b, call.request.base_url) for b in chosen]
-    await call.reply(
-        {
-            "data": data, "has_more": more,
-            "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None,
-        }
-    )  # fmt: skip
+    await call.reply(page_body(data, more))
 
 
 async def cancel_message_batch(call: Call) -> None:

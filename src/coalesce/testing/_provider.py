@@ -1,33 +1,24 @@
-"""The simulated provider: configuration, state, and the ways to reach it."""
+"""The simulated provider: its public face, and the ways to reach it (ASGI, a local
+server, the SDKs' clients); its configuration and state are
+:class:`~coalesce.testing._provider_state.ProviderState`."""
 
 from __future__ import annotations
 
-import itertools
-import random
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from os import PathLike
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from coalesce._exceptions import ConfigurationError
-
-from ._accounting import Ledger, RequestRecord, SimulatorStatistics
+from ._accounting import RequestRecord, SimulatorStatistics
 from ._app import handle
 from ._asgi import Receive, Scope, Send
-from ._batches import BatchStore, BatchSubmission, BatchTiming
-from ._cache import SimulatedPromptCache
-from ._cache_store import PromptCacheStore
-from ._clock import Clock
+from ._batches import BatchSubmission
 from ._config import load_config, provider_options
-from ._context import ContextWindows, check_windows
-from ._degradation import PackingDegradation, degraded_output
-from ._faults import FaultPlan, FaultSource, FaultSpec
-from ._flex import FlexProcessing, FlexSource
-from ._latency import SimulatedLatency
-from ._length import OutputTokens, target_tokens
+from ._degradation import degraded_output
+from ._faults import FaultSpec
+from ._length import target_tokens
 from ._model import expected_output
-from ._ratelimit import RateLimit, RateLimiter, RateLimits
+from ._provider_state import ProviderState
 from ._server import ServerThread
 
 if TYPE_CHECKING:
@@ -42,7 +33,7 @@ _IN_PROCESS_URL = "http://simulated-provider.test"
 _Client = TypeVar("_Client")
 
 
-class SimulatedProvider:
+class SimulatedProvider(ProviderState):
     """A simulated OpenAI and Anthropic API with latency, rate limits and faults.
 
     The provider is an ASGI app: give it to ``httpx2.ASGITransport`` to test in
@@ -90,42 +81,6 @@ class SimulatedProvider:
         ConfigurationError: An option is out of range.
     """
 
-    def __init__(
-        self,
-        *,
-        latency: SimulatedLatency | None = None,
-        rate_limits: RateLimits | RateLimit | None = None,
-        faults: FaultPlan | None = None,
-        output_tokens: OutputTokens = None,
-        batches: BatchTiming | None = None,
-        time_scale: float = 1.0,
-        seed: int = 0,
-        context_window: ContextWindows = None,
-        prompt_cache: SimulatedPromptCache | bool = True,
-        flex: FlexProcessing | None = None,
-        enqueued_token_limit: ContextWindows = None,
-        degradation: PackingDegradation | None = None,
-    ) -> None:
-        if not time_scale > 0:
-            raise ConfigurationError(f"time_scale must be > 0, got {time_scale}")
-        if isinstance(rate_limits, RateLimit):
-            rate_limits = RateLimits(default=rate_limits)
-        self.latency = latency or SimulatedLatency()
-        self.rate_limits = rate_limits or RateLimits()
-        self.fault_plan = faults or FaultPlan()
-        self.output_tokens = output_tokens
-        self.batch_timing = batches or BatchTiming()
-        self.time_scale = time_scale
-        self.seed = seed
-        self.context_window = check_windows(context_window)
-        self.prompt_caching = _prompt_caching(prompt_cache)
-        self.flex_processing = flex or FlexProcessing()
-        self.enqueued_token_limit = check_windows(enqueued_token_limit, "enqueued_token_limit")
-        self.degradation = _degradation(degradation)
-        self.clock = Clock()
-        self.ledger = Ledger()
-        self.reset()
-
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> SimulatedProvider:
         """Build a provider from a configuration mapping (see the testing guide).
@@ -149,38 +104,6 @@ class SimulatedProvider:
             ConfigurationError: The file cannot be parsed or holds invalid options.
         """
         return cls.from_config(load_config(path))
-
-    def reset(self) -> None:
-        """Start afresh: forget requests, rate-limit usage, batches, consumed faults, flex
-        scripts and the prompt cache."""
-        self.ledger.clear()
-        self.limiter = RateLimiter(self.rate_limits, 60.0 * self.time_scale)
-        self.faults = FaultSource(self.fault_plan)
-        self.flex = FlexSource(self.flex_processing)
-        self.jitter_rng = random.Random(self.seed)
-        self.batches = BatchStore(self.batch_timing, self.time_scale)
-        self.prompt_cache = PromptCacheStore(self.prompt_caching, self.time_scale, self.clock)
-        self._ids = itertools.count(1)
-        # Batches and files outlive a client's process, and a client's job store keeps
-        # their ids: like a real provider's, they never repeat, across simulators too.
-        self._instance = uuid.uuid4().hex[:8]
-
-    def next_id(self, prefix: str) -> str:
-        """Return a fresh response id such as ``chatcmpl-sim000001``.
-
-        Args:
-            prefix: The id's prefix.
-        """
-        return f"{prefix}{next(self._ids):06d}"
-
-    def unique_id(self, prefix: str) -> str:
-        """Return a fresh id that no other simulator, nor this one before a
-        :meth:`reset`, gives: ``batch_sim3f9c01a2000002``, for batches and files.
-
-        Args:
-            prefix: The id's prefix.
-        """
-        return self.next_id(f"{prefix}{self._instance}")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI entry point."""
@@ -252,8 +175,7 @@ class SimulatedProvider:
             item_input: The item.
             schema: The JSON schema of one item's output, if any.
         """
-        tokens = target_tokens(self.output_tokens, item_input)
-        return expected_output(item_input, schema, output_tokens=tokens)
+        return self._answer(expected_output, item_input, schema)
 
     def degraded_output(self, item_input: Any, schema: Mapping[str, Any] | None = None) -> Any:
         """Return the wrong answer this provider gives to ``item_input`` when its
@@ -263,11 +185,18 @@ class SimulatedProvider:
         ``output_tokens``.
 
         Args:
-            item_input: The item.
-            schema: The JSON schema of one item's output, if any.
+            item_input: The item, as for :meth:`expected_output`.
+            schema: The JSON schema, as for :meth:`expected_output`.
         """
-        tokens = target_tokens(self.output_tokens, item_input)
-        return degraded_output(item_input, schema, output_tokens=tokens)
+        return self._answer(degraded_output, item_input, schema)
+
+    def _answer(
+        self, answer: Callable[..., Any], item_input: Any, schema: Mapping[str, Any] | None
+    ) -> Any:
+        """``answer``'s output for ``item_input`` at this provider's ``output_tokens``."""
+        return answer(
+            item_input, schema, output_tokens=target_tokens(self.output_tokens, item_input)
+        )
 
     @contextmanager
     def serve(self, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
@@ -355,23 +284,3 @@ class SimulatedProvider:
             f"<SimulatedProvider time_scale={self.time_scale} requests={stats.requests}"
             f" faults_scripted={self.faults.pending}>"
         )
-
-
-def _prompt_caching(value: SimulatedPromptCache | bool) -> SimulatedPromptCache | None:
-    """The prompt cache's settings, or ``None`` for no cache."""
-    if isinstance(value, SimulatedPromptCache):
-        return value
-    if isinstance(value, bool):
-        return SimulatedPromptCache() if value else None
-    raise ConfigurationError(
-        f"prompt_cache must be True, False or a SimulatedPromptCache, got {value!r}"
-    )
-
-
-def _degradation(value: PackingDegradation | None) -> PackingDegradation | None:
-    if value is None or isinstance(value, PackingDegradation):
-        return value
-    raise ConfigurationError(
-        f"degradation must be a PackingDegradation or None, got {value!r}; e.g."
-        " degradation=PackingDegradation(per_extra_item=0.02, free_items=4)"
-    )

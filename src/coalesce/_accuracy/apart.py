@@ -1,0 +1,33 @@
+"""Requests counted apart: the shadow guard's plain calls and the vote's second orders.
+
+They check or settle answers; they are spent like any request, and save nothing, so
+their listener tells the recorder their usage under their own kind, and nothing else
+(no planning, no savings, no retry counts).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from .._calls import NoObserver, RequestReport
+from .._observe.recorder import PromptRecorder
+
+__all__ = ["ApartListener"]
+
+
+class ApartListener(NoObserver):
+    """Counts one kind of checking request (``"shadow"`` or ``"vote"``) and its cost.
+
+    Args:
+        recorder: The function's recorder.
+        kind: Which kind of request it counts.
+    """
+
+    def __init__(self, recorder: PromptRecorder, kind: Literal["shadow", "vote"]) -> None:
+        self.recorder = recorder
+        self.kind = kind
+
+    def request_done(self, report: RequestReport) -> None:
+        """Count the request and what it spent."""
+        completion = report.completion
+        self.recorder.extra_done(self.kind, None if completion is None else completion.usage)

@@ -1,0 +1,64 @@
+"""Every default of the public options, in one table (httpx keeps its in ``_config.py``).
+
+An option that defaults differently on two entry points has one name per entry point
+(``BATCH_MAX_WAIT`` for :class:`~coalesce.Batcher` and ``@coalesce.batch``,
+``PROMPT_MAX_WAIT`` for ``@coalesce.prompt`` and ``coalesce.wrap``), so that no name
+means two numbers. The signatures and the docs read their defaults from here.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BATCH_MAX_ITEMS",
+    "BATCH_MAX_WAIT",
+    "BATCH_WINDOW",
+    "LANE",
+    "MAX_ATTEMPTS",
+    "MAX_RETRIES",
+    "MIN_AGREEMENT",
+    "PACKING",
+    "PROMPT_MAX_ITEMS",
+    "PROMPT_MAX_WAIT",
+    "REQUEST_TIMEOUT",
+    "SHADOW",
+]
+
+# -- the generic micro-batcher: Batcher and @coalesce.batch ---------------------------
+
+#: A 10 ms window: a small, bounded wait added to each call for the chance to
+#: share a batch's fixed cost (a query, a model's forward pass).
+BATCH_MAX_WAIT = 0.01
+#: 64 items: large enough to amortise a batch's fixed cost, small enough that one
+#: batch's failure or latency touches few callers.
+BATCH_MAX_ITEMS = 64
+
+# -- LLM calls: @coalesce.prompt and coalesce.wrap ------------------------------------
+
+#: A 50 ms window bounds the wait added to an LLM call that itself takes seconds.
+PROMPT_MAX_WAIT = 0.05
+#: Group size is an accuracy decision as well as a latency one: small models lose
+#: accuracy as more items share a prompt, hosted ones far less (about single-call
+#: accuracy at 4-6 items). Measured here (docs/accuracy.md), 4 is the largest group
+#: that stays near plain calls for labels and extracted values alike; 8 is worse.
+PROMPT_MAX_ITEMS = 4
+#: Requests that may carry one item, re-asks included: a missing or invalid answer
+#: is asked again, but a bounded number of times, so one poison item costs little.
+MAX_ATTEMPTS = 4
+#: Retries of a request that failed as a whole (429, 5xx, timeouts, dropped
+#: connections), after the first attempt; never past the callers' budget. Only
+#: ``@coalesce.prompt`` has it: ``coalesce.wrap`` defaults to the client's own setting.
+MAX_RETRIES = 4
+#: Longest one request attempt may run when no latency budget bounds it (a budget does).
+REQUEST_TIMEOUT = 60.0
+#: Pack a group only where packed it costs less than its members as plain calls.
+PACKING = "auto"
+#: The cheapest lane each call's latency budget allows (real time without a budget).
+LANE = "auto"
+#: Seconds a deferred (batch or flex lane) call waits for others: a minute of calls
+#: shares one job, and a minute is nothing next to a batch job's 24 h window.
+BATCH_WINDOW = 60.0
+#: No shadow checking unless asked: each shadowed item costs a plain call more.
+SHADOW = 0.0
+#: Packed and plain answers must agree on 90% of shadowed items, else the group
+#: cap comes down.
+MIN_AGREEMENT = 0.9

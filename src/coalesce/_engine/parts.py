@@ -1,0 +1,248 @@
+"""What serves one LLM function's calls, assembled from its spec and options.
+
+:func:`assemble` builds the parts once, for :class:`~coalesce._engine.engine.Engine`:
+the token footprint, the budget planner, the context-window admission, the packing
+cost, the schema trust, the statistics listeners, and the runner that asks for a
+group: :func:`~coalesce._engine.group.run_group`, wrapped by ``vote=True``'s
+:class:`~coalesce._accuracy.voting.Voting` and the shadow guard's
+:class:`~coalesce._accuracy.shadowing.Shadowing` when the function asks for them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+
+import anyio
+
+from .._accuracy.apart import ApartListener
+from .._accuracy.shadow import ShadowGuard
+from .._accuracy.shadowing import Shadowing
+from .._accuracy.trust import SchemaTrust, declared_enforcement
+from .._accuracy.vote import VoteCosts
+from .._accuracy.voting import Voting
+from .._calls import GroupObserver, Job, Observers, Runner
+from .._exceptions import CoalesceWarning
+from .._observe.listeners import StatisticsListener, request_predictor
+from .._observe.recorder import PromptRecorder
+from .._planning.cost import PackingCost, voting_pays
+from .._planning.footprint import Footprint, footprint
+from .._planning.output import DEFAULT_EXPECTED_OUTPUT_TOKENS, expected_output_tokens
+from .._planning.planner import PlanLimits
+from .._planning.policy import BudgetPolicy
+from .._planning.state import Planning
+from .._planning.tokens import TokenEstimator, estimator_for
+from .._pricing import PromptCache
+from .admission import Admission, ContextPolicy, admission_for
+from .group import Group, packs, run_group, run_plain
+from .spec import FunctionSpec, Options, keyed_replies
+
+__all__ = ["Parts", "assemble", "cache_key", "declared_cache"]
+
+
+@dataclass
+class Parts:
+    """Everything that serves one function's calls (see the module doc)."""
+
+    estimator: TokenEstimator
+    footprint: Footprint
+    recorder: PromptRecorder
+    trust: SchemaTrust
+    planning: Planning | None
+    admission: Admission
+    cost: PackingCost
+    shadow: ShadowGuard | None
+    runner: Runner
+    policy: ContextPolicy
+
+    def in_time(self, job: Job, left: float) -> bool:
+        """Whether real time may still answer ``job`` with ``left`` seconds (as the
+        planner predicts a request of it alone, when it plans)."""
+        planning = self.planning
+        if left <= 0 or planning is None or not math.isfinite(left):
+            return left > 0
+        plan = planning.plan_item(job.item, job.partition, job.deadline, anyio.current_time())
+        return request_predictor(planning)([plan]) <= left
+
+
+def assemble(
+    spec: FunctionSpec,
+    options: Options,
+    recorder: PromptRecorder,
+    observers: Sequence[GroupObserver] = (),
+    lane: str = "realtime",
+) -> Parts:
+    """The parts of one function, its requests counted by ``recorder`` at ``lane``'s
+    price and told to ``observers`` too."""
+    estimator = options.token_estimator or estimator_for(spec.model)
+    shape = {"structured": spec.provider.structured, "keyed": keyed_replies(spec, options)}
+    pinned = footprint(spec.instructions, spec.output_schema, estimator, **shape)
+    unpinned = footprint(spec.instructions, spec.output_schema, estimator, pin=False, **shape)
+    trust = SchemaTrust(declared_enforcement(spec.provider, options.schema_enforced))
+    planning = _planning(spec, options, pinned, estimator, trust.enforced)
+    admission = admission_for(spec, options, pinned, estimator, DEFAULT_EXPECTED_OUTPUT_TOKENS)
+    cost = _packing_cost(spec, options, pinned, recorder)
+    vote_costs = VoteCosts(
+        expected_output_tokens(spec.output_schema, estimator, options.expected_output_tokens),
+        pinned,
+        estimator.count,
+    )
+
+    def learn_cache(cached_tokens: int) -> int:
+        if cost.saw_cached(cached_tokens):
+            recorder.smallest_paying_group = cost.smallest
+        return cost.plain_cached_tokens()
+
+    statistics = StatisticsListener(recorder, pinned, learn_cache, unpinned, lane=lane)
+    listeners: list[GroupObserver] = [statistics, trust, admission.window]
+    listeners += [planning] if planning is not None else []
+    listeners += [vote_costs] if options.vote else []
+    group = Group(
+        spec, options, Observers(*listeners, *observers), planning, trust, cost, cache_key(spec)
+    )
+    shadow = _shadow_guard(options)
+    cap = None if shadow is None else (lambda: shadow.cap)
+    budget = None if planning is None else BudgetPolicy(planning)
+    policy = ContextPolicy(admission, budget, cap)
+    parts = Parts(
+        estimator, pinned, recorder, trust, planning, admission, cost, shadow,
+        partial(run_group, group), policy,
+    )  # fmt: skip
+    parts.runner = _runner(parts, group, options, vote_costs)
+    recorder.max_items = options.max_items
+    if shadow is not None:
+        recorder.watch(shadow)
+    return parts
+
+
+def _runner(parts: Parts, group: Group, options: Options, vote_costs: VoteCosts) -> Runner:
+    """The group runner, with the vote and the shadow guard around it if asked for."""
+    recorder = parts.recorder
+    runner: Runner = partial(run_group, group)
+    if options.vote:
+        # The second orders and the settling plain calls: counted apart, they save nothing.
+        reverse = _apart(group, Observers(ApartListener(recorder, "vote"), vote_costs), True)
+        runner = Voting(
+            runner,
+            partial(run_group, reverse),
+            partial(run_plain, group),
+            packs=partial(packs, group),
+            pays=_voting_pays(parts, vote_costs),
+            in_time=lambda job: parts.in_time(job, job.deadline - anyio.current_time()),
+            agree=options.agree,
+            recorder=recorder,
+        )
+    if parts.shadow is not None:
+        alone = _apart(group, ApartListener(recorder, "shadow"))
+        runner = Shadowing(runner, partial(run_group, alone), parts.shadow, recorder)
+    return runner
+
+
+def _apart(group: Group, observer: GroupObserver, reverse: bool = False) -> Group:
+    """The function's group, its requests counted by ``observer`` alone: they plan
+    nothing and save nothing."""
+    return dataclasses.replace(group, observer=observer, planning=None, cost=None, reverse=reverse)
+
+
+def _voting_pays(parts: Parts, learned: VoteCosts) -> Callable[[list[Job]], bool]:
+    """Whether asking a group in two orders costs less than its plain calls."""
+
+    def pays(jobs: list[Job]) -> bool:
+        cost, expected = parts.cost, learned.answer_tokens()
+        return voting_pays(
+            cost.footprint,
+            cost.price,
+            cost.cache,
+            item_tokens=sum(parts.estimator.count(job.key) for job in jobs),
+            output_tokens=len(jobs) * expected,
+            items=len(jobs),
+            disagreement=parts.recorder.vote_disagreement(),
+            overheads=learned.overheads(),
+        )
+
+    return pays
+
+
+def _packing_cost(
+    spec: FunctionSpec, options: Options, pinned: Footprint, recorder: PromptRecorder
+) -> PackingCost:
+    """Whether packing pays for the function; warns once if it never does."""
+    cost = PackingCost(
+        pinned,
+        recorder.price,
+        options.max_items,
+        declared_cache(spec),
+        auto=options.packing == "auto",
+    )
+    recorder.smallest_paying_group = cost.smallest
+    if cost.smallest is None and options.max_items > 1:  # 1: packing is off anyway
+        _warn_packing_cannot_pay(spec, pinned, options.max_items)
+    return cost
+
+
+def _shadow_guard(options: Options) -> ShadowGuard | None:
+    """The function's shadow guard, if it asked for one (``shadow=``) and packs."""
+    if options.shadow <= 0 or options.max_items < 2:
+        return None
+    return ShadowGuard(options.shadow, options.min_agreement, options.max_items, options.agree)
+
+
+def declared_cache(spec: FunctionSpec) -> PromptCache | None:
+    """The prompt cache the provider declares for the function's model, if any."""
+    declare = getattr(spec.provider, "prompt_cache", None)
+    cache = declare(spec.model) if callable(declare) else None
+    return cache if isinstance(cache, PromptCache) else None
+
+
+def cache_key(spec: FunctionSpec) -> str:
+    """A stable name for the function's shared prefix: its model, instructions and
+    output schema (the same function in every process shares one cache entry)."""
+    schema = json.dumps(spec.output_schema, sort_keys=True, default=str)
+    digest = hashlib.sha256(f"{spec.model}\0{spec.instructions}\0{schema}".encode())
+    return f"coalesce-{digest.hexdigest()[:16]}"
+
+
+def _warn_packing_cannot_pay(spec: FunctionSpec, costs: Footprint, max_items: int) -> None:
+    warnings.warn(
+        f"{spec.name}: packing cannot pay for this function: each plain call pays"
+        f" ~{costs.plain_shared} shared tokens (instructions and output schema), while"
+        f" each packed item adds ~{costs.item_frame} in and ~{costs.answer_frame} out and"
+        f" a packed request ~{costs.shared} shared; no group of up to {max_items} costs"
+        " less than plain calls. Its calls are sent at once, as plain calls. Longer"
+        " shared instructions (or a larger max_items) make packing pay.",
+        CoalesceWarning,
+        stacklevel=6,
+    )
+
+
+def _planning(
+    spec: FunctionSpec,
+    options: Options,
+    pinned: Footprint,
+    estimator: TokenEstimator,
+    early_answers: bool,
+) -> Planning | None:
+    """A budget planner for the function, if it declared a latency budget.
+
+    ``early_answers``: streamed answers are handed over as each completes (the provider
+    is trusted to enforce the schema); otherwise every caller waits for the whole reply.
+    """
+    if options.latency_budget is None:
+        return None
+    limits = PlanLimits(
+        max_items=options.max_items,
+        max_wait=options.max_wait,
+        shared_tokens=pinned.shared,
+        max_output_tokens=options.max_output_tokens,
+        per_item_overhead_tokens=pinned.item_frame,
+        per_item_output_overhead_tokens=pinned.answer_frame,
+        streaming=options.stream and early_answers,
+    )
+    prior = expected_output_tokens(spec.output_schema, estimator, options.expected_output_tokens)
+    return Planning(limits, prior, options.latency_prior, estimator)

@@ -1,0 +1,67 @@
+"""The job store's reads of jobs and lines: by id, by provider batch, unfinished, and
+a job's lines and summary."""
+
+from __future__ import annotations
+
+from coalesce._lanes.connection import StoreConnection
+from coalesce._lanes.records import UNFINISHED_JOB_STATES, BatchJob, JobSummary, StoredLine
+from coalesce._lanes.schema import among, job_from_row, line_from_row
+from coalesce._lanes.statements import carried_keys, item_counts, line_counts, require_job
+
+__all__ = ["JobQueries"]
+
+
+class JobQueries(StoreConnection):
+    """The job and line reads of :class:`~coalesce._lanes.store.JobStore`."""
+
+    def get_job(self, job_id: str) -> BatchJob | None:
+        """The job with this local id, or ``None``."""
+        return self._job("SELECT * FROM jobs WHERE id = ?", job_id)
+
+    def job_for_batch(self, provider_batch_id: str) -> BatchJob | None:
+        """The job submitted as this provider batch, or ``None``."""
+        return self._job("SELECT * FROM jobs WHERE provider_batch_id = ?", provider_batch_id)
+
+    def _job(self, query: str, value: str) -> BatchJob | None:
+        with self._read() as cur:
+            row = cur.execute(query, (value,)).fetchone()
+        return None if row is None else job_from_row(row)
+
+    def list_jobs(self) -> list[BatchJob]:
+        """Every job, oldest first."""
+        return self._jobs("SELECT * FROM jobs ORDER BY created_at, rowid")
+
+    def unfinished_jobs(self) -> list[BatchJob]:
+        """Jobs planned, uploaded or submitted: those a restarted process must finish
+        submitting or attach to, oldest first."""
+        return self._jobs(
+            f"SELECT * FROM jobs WHERE state IN ({among(UNFINISHED_JOB_STATES)})"
+            " ORDER BY created_at, rowid"
+        )
+
+    def _jobs(self, query: str) -> list[BatchJob]:
+        with self._read() as cur:
+            return [job_from_row(row) for row in cur.execute(query).fetchall()]
+
+    def job_lines(self, job_id: str) -> list[StoredLine]:
+        """A job's lines, in the order planned, each with the request body to upload."""
+        with self._read() as cur:
+            rows = cur.execute(
+                "SELECT * FROM lines WHERE job_id = ? ORDER BY rowid", (job_id,)
+            ).fetchall()
+            return [line_from_row(row, carried_keys(cur, row["custom_id"])) for row in rows]
+
+    def job_summary(self, job_id: str) -> JobSummary:
+        """Counts of a job's lines and items by state, and its cost (see :class:`JobSummary`).
+
+        Raises:
+            ConfigurationError: no such job.
+        """
+        with self._read() as cur:
+            job = require_job(cur, job_id, self.path)
+            return JobSummary(
+                job=job,
+                lines=line_counts(cur, job_id),
+                items=item_counts(cur, job_id),
+                cost_usd=job.cost_usd,
+            )

@@ -1,0 +1,176 @@
+"""The lane router: hands each call of an LLM function to the lane its budget allows.
+
+The engine answers calls in real time; it knows nothing of lanes. The router sits in
+front of it, the way an HTTP client picks a transport for a URL: with ``lane="auto"``
+(or ``"flex"``, ``"batch"``) it asks :func:`~coalesce._lanes.choose.choose_lane` where a
+call goes, and sends it there:
+
+* real time: the function's own engine;
+* flex: a second engine asking with ``service_tier="flex"``, grouping for
+  ``batch_window`` with no latency planning, sharing the function's recorder (its
+  requests billed at the flex price); a call flex refuses goes back to real time with
+  what is left of its budget;
+* batch: the :class:`~coalesce._lanes.lane.BatchLane`, on its durable job store.
+
+Flex and batch are opened on first use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Hashable
+from typing import Any
+
+import anyio
+
+from .._calls import Job
+from .._engine.engine import Engine
+from .._engine.spec import FunctionSpec
+from .._exceptions import ConfigurationError
+from .._observe.listeners import StatisticsListener
+from ..providers._client import as_provider
+from .choose import Lane, LaneTimes, check_lane, choose_lane
+from .flex import FLEX_TIMEOUT, FlexProvider, flex_refused, flex_unsupported
+from .lane import BatchLane
+from .store import JobStore
+
+__all__ = ["LaneRouter", "offered_lanes"]
+
+
+class LaneRouter:
+    """Sends each call of one function to its lane (see the module doc).
+
+    Args:
+        engine: The function's real-time engine.
+
+    Raises:
+        ConfigurationError: ``lane=`` names a lane the provider does not offer, or
+            ``batch_client=`` is not a client of the function's provider.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.deferred = _deferred(engine.spec, engine.options.batch_client)
+        self.lanes = offered_lanes(self.deferred)
+        check_lane(engine.options.lane, self.lanes)
+        self.times = LaneTimes(collect=engine.options.batch_window)
+        self._flex: Engine | None = None
+        self._batch: BatchLane | None = None
+
+    async def submit(
+        self, item: Any, *, budget: float | None = None, partition: Hashable = None
+    ) -> Any:
+        """One call: ``item``'s own validated output, from the lane its budget allows."""
+        engine = self.engine
+        if engine.options.lane == "realtime":
+            return await engine.submit(item, budget=budget, partition=partition)
+        budget = engine.budget_of(budget)
+        lane = choose_lane(engine.options.lane, budget, self.lanes, self.times)
+        if lane is Lane.BATCH:
+            return await self.batch_lane().submit(item)
+        if lane is Lane.FLEX and Lane.FLEX in self.lanes:
+            flex = self.flex_lane()
+            job = flex.new_job(item, budget=budget, partition=partition)
+            job.lane = "flex"
+            return await engine.answer(job, ask=lambda: self._flex_first(flex, job))
+        return await engine.submit(item, budget=budget, partition=partition)
+
+    async def _flex_first(self, flex: Engine, job: Job) -> Any:
+        """``job`` through flex processing; if flex refuses it (no capacity, or no flex
+        for the model), through real time with what is left of its budget."""
+        try:
+            return await flex.batcher(job)
+        except Exception as exc:
+            if flex_unsupported(exc):
+                self.lanes = self.lanes - {Lane.FLEX}  # not asked again
+            left = job.deadline - anyio.current_time()
+            if not flex_refused(exc) or not self.engine.in_time(job, left):
+                raise
+        engine = self.engine
+        engine.recorder.fell_back()
+        again = engine.new_job(
+            job.item, budget=left if math.isfinite(left) else None, partition=job.partition
+        )
+        job.lane = "realtime"
+        try:
+            return await engine.batcher(again)
+        finally:
+            job.requests += again.requests
+            job.attempts += again.attempts
+
+    def flex_lane(self) -> Engine:
+        """The function's flex lane (see the module doc), made on first use."""
+        if self._flex is None:
+            spec, options = self.deferred, self.engine.options
+            flex_spec = dataclasses.replace(
+                spec,
+                provider=FlexProvider(spec.provider),
+                request_options={**spec.request_options, "service_tier": "flex"},
+            )
+            flex_options = options.replace(
+                lane="realtime",
+                latency_budget=None,
+                max_wait=options.batch_window,
+                timeout=options.timeout or FLEX_TIMEOUT,
+            )
+            recorder = self.engine.recorder
+            self._flex = Engine(flex_spec, flex_options, recorder=recorder, lane="flex")
+        return self._flex
+
+    def batch_lane(self) -> BatchLane:
+        """The function's batch lane, opened (and its store) on first use."""
+        if self._batch is None:
+            engine, options = self.engine, self.engine.options
+            given = options.store
+            store = given if isinstance(given, JobStore) else JobStore(given)
+            lines = StatisticsListener(engine.recorder, engine.footprint, lane="batch")
+            self._batch = BatchLane(
+                self.deferred,
+                store,
+                window=options.batch_window,
+                per_line=options.max_items,
+                max_attempts=options.max_attempts,
+                pays_from=lambda: engine.pays_from,
+                recorder=engine.recorder,
+                record_line=lines.line_done,
+            )
+        return self._batch
+
+    async def aclose(self) -> None:
+        """Close every lane opened: send what waits, wait for it, refuse new calls."""
+        await self.engine.aclose()
+        if self._flex is not None:
+            await self._flex.aclose()
+        if self._batch is not None:
+            await self._batch.aclose()
+
+
+def _deferred(spec: FunctionSpec, client: Any) -> FunctionSpec:
+    """The function as the deferred lanes ask it: through ``client`` if given (the same
+    provider's SDK, with its own API key), else through the function's own.
+
+    Raises:
+        ConfigurationError: ``client`` is not a client of the function's provider.
+    """
+    if client is None:
+        return spec
+    provider = as_provider(client)
+    ours, theirs = (getattr(p, "batch_api", None) for p in (spec.provider, provider))
+    if ours is None or theirs != ours:
+        raise ConfigurationError(
+            f"batch_client= must be an async client of the same provider as client= ({ours}),"
+            f" for its batch API; got {client!r}"
+        )
+    return dataclasses.replace(spec, provider=provider)
+
+
+def offered_lanes(spec: FunctionSpec) -> frozenset[Lane]:
+    """Real time always; the batch lane where the provider has a batch API; flex on
+    OpenAI's (a model without flex refuses it, and its calls then stay in real time)."""
+    api = getattr(spec.provider, "batch_api", None)
+    if api == "openai":
+        return frozenset(Lane)
+    if api == "anthropic":
+        return frozenset({Lane.REALTIME, Lane.BATCH})
+    return frozenset({Lane.REALTIME})

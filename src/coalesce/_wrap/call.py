@@ -1,0 +1,174 @@
+"""What a coalescible SDK call is, read from its keyword arguments: an :class:`SdkCall`.
+
+The pieces both SDKs share live here: the last user message is the item, earlier
+turns of plain text become the shared instructions, the caller's output cap and
+``stream=``. Each translator (``openai_chat``, ``anthropic_messages``, ...) reads its
+own method's arguments with them. Nothing here does I/O or imports an SDK.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "TASK",
+    "SdkCall",
+    "converted",
+    "given_arguments",
+    "instructions",
+    "last_user",
+    "new_call",
+    "output_cap",
+    "stream_flag",
+    "streamed",
+    "turns",
+]
+
+#: What each item is asked, after the caller's own system text.
+TASK = "Each item's input is one user message; its output is your reply to that message."
+
+
+@dataclass(frozen=True)
+class SdkCall:
+    """One SDK call that can be coalesced: the engine's item and what it shares.
+
+    Attributes:
+        key: Canonical JSON of everything but the item: calls with equal keys share
+            a prompt (and an engine).
+        model: The model.
+        instructions: The shared instructions (system text and earlier turns).
+        item: The last user message's text: the item.
+        output_schema: JSON schema of the answer, or ``None`` for plain text.
+        options: Sampling options sent with the packed request.
+        item_cap: The caller's own output-token cap, if any.
+        tool: The forced Anthropic tool whose input is the answer, if any.
+        stream: The call asked for a stream (``stream=True``).
+        include_usage: OpenAI's ``stream_options={"include_usage": True}``.
+    """
+
+    key: str
+    model: str
+    instructions: str
+    item: str
+    output_schema: Mapping[str, Any] | None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    item_cap: int | None = None
+    tool: str | None = None
+    stream: bool = False
+    include_usage: bool = False
+
+
+def given_arguments(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``kwargs`` without the SDKs' "not given" sentinels (``NOT_GIVEN``, ``omit``).
+
+    Args:
+        kwargs: Keyword arguments of an SDK method.
+    """
+    return {k: v for k, v in kwargs.items() if type(v).__name__ not in ("NotGiven", "Omit")}
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(
+        value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=repr
+    )
+
+
+def new_call(
+    model: str,
+    instructions: str,
+    item: str,
+    schema: Mapping[str, Any] | None,
+    options: Mapping[str, Any],
+    cap: int | None,
+    tool: str | None = None,
+) -> SdkCall:
+    """The :class:`SdkCall` of these parts, keyed by all of them but the item."""
+    key = _canonical([model, instructions, schema, dict(options), cap, tool])
+    return SdkCall(key, model, instructions, item, schema, options, cap, tool)
+
+
+def streamed(call: SdkCall, stream: bool, include_usage: bool) -> SdkCall:
+    """``call`` for a streamed call: its own key, so streamed calls share requests."""
+    if not stream:
+        return call
+    return dataclasses.replace(
+        call, key=call.key + ":stream", stream=True, include_usage=include_usage
+    )
+
+
+def _text(content: Any) -> str | None:
+    """A message's content when it is plain text, else ``None``."""
+    return content if isinstance(content, str) else None
+
+
+def turns(
+    messages: Sequence[Any], system_roles: frozenset[str]
+) -> tuple[list[str], list[str]] | None:
+    """(system texts, rendered earlier turns), or ``None`` when a turn is not plain text."""
+    system: list[str] = []
+    rendered: list[str] = []
+    for message in messages:
+        if not isinstance(message, Mapping) or set(message) - {"role", "content", "name"}:
+            return None
+        text, role = _text(message.get("content")), message.get("role")
+        if text is None or role not in system_roles | {"user", "assistant"}:
+            return None
+        if role in system_roles:
+            system.append(text)
+        else:
+            rendered.append(f"[{role}] {text}")
+    return system, rendered
+
+
+def instructions(system: Sequence[str], earlier: Sequence[str]) -> str:
+    """The shared instructions: the system texts, the earlier turns, then :data:`TASK`."""
+    parts = [text for text in system if text.strip()]
+    if earlier:
+        parts.append("The conversation so far, before each item's message:\n" + "\n".join(earlier))
+    parts.append(TASK)
+    return "\n\n".join(parts)
+
+
+def last_user(messages: Any) -> tuple[list[Any], str] | None:
+    """(earlier messages, the last user message's text), or ``None`` when the last
+    message is not a plain-text user message."""
+    if not isinstance(messages, list) or not messages:
+        return None
+    last = messages[-1]
+    if (
+        not isinstance(last, Mapping)
+        or last.get("role") != "user"
+        or set(last) - {"role", "content"}
+    ):
+        return None
+    item = _text(last.get("content"))
+    return None if item is None else (messages[:-1], item)
+
+
+def output_cap(kwargs: Mapping[str, Any], keys: Sequence[str]) -> tuple[bool, int | None]:
+    """(valid, cap): the per-item output cap, if one is given as a positive int."""
+    for key in keys:
+        value = kwargs.get(key)
+        if value is not None:
+            return (isinstance(value, int) and value > 0), value
+    return True, None
+
+
+def stream_flag(value: Any) -> bool | None:
+    """``stream=``: a bool, or absent; ``None`` for anything else (passed through)."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    return None
+
+
+def converted(convert: Callable[[Any], Any], value: Any) -> Any | None:
+    """``convert(value)`` by one of the SDK's own helpers, or ``None`` when it refuses
+    ``value`` (the call then goes to the SDK, whose method raises the same for it)."""
+    try:
+        return convert(value)
+    except Exception:  # the real method raises the same for this call: let it speak
+        return None

@@ -1,0 +1,123 @@
+"""The engines behind a wrapped client: one per kind of call, one recorder per model.
+
+Calls of one kind (equal :attr:`~.call.SdkCall.key`: same model, instructions,
+schema and options) share an :class:`~coalesce._engine.engine.Engine`, so only they
+are packed together; their usage shares are charged by one
+:class:`~coalesce._observe.listeners.UsageShares` listener.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any
+
+from .._engine.engine import Engine
+from .._engine.spec import FunctionSpec, Options
+from .._observe.listeners import UsageShares
+from .._observe.recorder import PromptRecorder, PromptStatistics
+from ..providers import Provider
+from .call import SdkCall
+from .translator import Answer
+
+__all__ = ["Engines"]
+
+
+def _validator(schema: Mapping[str, Any] | None) -> Callable[[Any], Any]:
+    """A light check: text for no schema, the JSON type the schema names otherwise."""
+    kinds: dict[str, tuple[type, ...]] = {
+        "object": (dict,),
+        "array": (list,),
+        "string": (str,),
+        "integer": (int,),
+        "number": (int, float),
+        "boolean": (bool,),
+    }
+    expected = kinds.get(str(schema.get("type"))) if schema is not None else (str,)
+
+    def validate(value: Any) -> Any:
+        if expected is not None and not isinstance(value, expected):
+            raise ValueError(f"expected {expected[0].__name__}, got {type(value).__name__}")
+        return value
+
+    return validate
+
+
+class Engines:
+    """One engine per kind of call; one recorder per model; usage shares for all."""
+
+    def __init__(self, provider: Provider, options: Options) -> None:
+        self._provider = provider
+        self._options = options
+        self._engines: dict[str, Engine] = {}
+        self._recorders: dict[str, PromptRecorder] = {}
+        self._shares = UsageShares()
+
+    def engine(self, call: SdkCall) -> Engine:
+        """The engine serving calls like ``call``."""
+        engine = self._engines.get(call.key)
+        if engine is None:
+            spec = FunctionSpec(
+                name=f"wrap:{call.model}",
+                provider=self._provider,
+                model=call.model,
+                instructions=call.instructions,
+                output_schema=call.output_schema or {"type": "string"},
+                validate=_validator(call.output_schema),
+                request_options=dict(call.options),
+            )
+            recorder = self._recorder(call.model)
+            engine = Engine(
+                spec, self._options_for(call), recorder=recorder, observers=[self._shares]
+            )
+            self._engines[call.key] = engine
+        return engine
+
+    def _options_for(self, call: SdkCall) -> Options:
+        cap = None if call.item_cap is None else call.item_cap * self._options.max_items
+        if self._options.max_output_tokens is not None:
+            cap = (
+                self._options.max_output_tokens
+                if cap is None
+                else min(cap, self._options.max_output_tokens)
+            )
+        # Streamed callers get their answer as the split finds it; the others wait for
+        # the whole reply anyway (their usage share needs it).
+        return self._options.replace(max_output_tokens=cap, stream=call.stream)
+
+    def _recorder(self, model: str) -> PromptRecorder:
+        recorder = self._recorders.get(model)
+        if recorder is None:
+            o = self._options
+            recorder = PromptRecorder(f"wrap:{model}", model, prices=o.prices, on_event=o.on_event)
+            self._recorders[model] = recorder
+        return recorder
+
+    def statistics(self) -> dict[str, PromptStatistics]:
+        """A snapshot of each model's recorder."""
+        return {model: recorder.snapshot() for model, recorder in self._recorders.items()}
+
+    async def answer(
+        self, call: SdkCall, budget: float | None = None, partition: Hashable = None
+    ) -> Answer:
+        """Await ``call``'s own answer: its job carries its usage share and reply, its
+        ``finished`` event is set once that share is final.
+
+        Args:
+            call: The call, as its translator read it.
+            budget: Seconds this call may wait (its ``x-coalesce-budget`` header).
+            partition: Calls of different partitions never share a request.
+        """
+        engine = self.engine(call)
+        job = engine.new_job(call.item, budget=budget, partition=partition)
+        finished = self._shares.finished(job)
+        try:
+            value = await engine.answer(job)
+        except BaseException:
+            self._shares.forget(job)
+            raise
+        return Answer(value, job, call, finished)
+
+    async def aclose(self) -> None:
+        """Close every engine: pending calls are sent now and awaited."""
+        for engine in list(self._engines.values()):
+            await engine.aclose()

@@ -1,0 +1,141 @@
+"""coalesce's own ``x-coalesce*`` headers of an SDK call: split off, checked, read.
+
+A caller steers one call through ``extra_headers``: ``x-coalesce: off`` sends it
+alone, untouched; ``x-coalesce-budget`` gives it a budget; ``x-coalesce-partition``
+names its partition. They are removed before anything is sent.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .._exceptions import ConfigurationError
+from .call import given_arguments
+
+__all__ = [
+    "BUDGET_HEADER",
+    "HEADERS",
+    "PARTITION_HEADER",
+    "SWITCH_HEADER",
+    "CallHeaders",
+    "coalesce_headers",
+]
+
+#: ``extra_headers={"x-coalesce": "off"}`` sends that call alone, untouched.
+SWITCH_HEADER = "x-coalesce"
+#: ``extra_headers={"x-coalesce-budget": "0.5"}`` gives that call a 0.5 s budget.
+BUDGET_HEADER = "x-coalesce-budget"
+#: ``extra_headers={"x-coalesce-partition": "tenant-42"}``: calls with different values
+#: never share a prompt.
+PARTITION_HEADER = "x-coalesce-partition"
+#: Every header coalesce reads (and removes before the call is sent).
+HEADERS = (SWITCH_HEADER, BUDGET_HEADER, PARTITION_HEADER)
+
+
+@dataclass(frozen=True)
+class CallHeaders:
+    """What one call asked of coalesce through its ``x-coalesce*`` headers.
+
+    Attributes:
+        coalesce: ``False`` for ``x-coalesce: off`` (the call goes to the client alone).
+        budget: Seconds the call may wait (``x-coalesce-budget``), if given.
+        partition: The call's partition (``x-coalesce-partition``), if given: calls
+            with different partitions never share a prompt.
+    """
+
+    coalesce: bool = True
+    budget: float | None = None
+    partition: str | None = None
+
+
+def coalesce_headers(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], CallHeaders]:
+    """Split the coalesce headers off ``extra_headers`` and check them.
+
+    Returns the keyword arguments without them (``extra_headers`` dropped when nothing
+    else is left in it) and what they asked.
+
+    Args:
+        kwargs: Keyword arguments of an SDK method.
+
+    Raises:
+        ConfigurationError: A header starting with ``x-coalesce`` that is not one of
+            :data:`HEADERS`, given twice, or with a value its header does not accept.
+    """
+    headers = kwargs.get("extra_headers")
+    if not isinstance(headers, Mapping):
+        return dict(kwargs), CallHeaders()
+    ours = {k: v for k, v in headers.items() if _is_ours(k)}
+    if not ours:
+        return dict(kwargs), CallHeaders()
+    cleaned = dict(kwargs)
+    rest = {k: v for k, v in headers.items() if k not in ours}
+    if rest:
+        cleaned["extra_headers"] = rest
+    else:
+        del cleaned["extra_headers"]
+    return cleaned, _read_headers(ours)
+
+
+def _is_ours(name: Any) -> bool:
+    return isinstance(name, str) and name.lower().split("-", 2)[:2] == ["x", "coalesce"]
+
+
+def _read_headers(ours: Mapping[str, Any]) -> CallHeaders:
+    found: dict[str, Any] = {}
+    for name, value in ours.items():
+        key = name.lower()
+        if key not in HEADERS:
+            raise ConfigurationError(
+                f"unknown coalesce header {name!r}; the headers are {', '.join(HEADERS)}"
+            )
+        if key in found:
+            raise ConfigurationError(f"the {key} header is given twice; give it once")
+        found[key] = value
+    found = given_arguments(found)
+    return CallHeaders(
+        coalesce=_switch(found.get(SWITCH_HEADER)),
+        budget=_seconds(found.get(BUDGET_HEADER)),
+        partition=_partition(found.get(PARTITION_HEADER)),
+    )
+
+
+def _switch(value: Any) -> bool:
+    if value is None:
+        return True
+    word = value.strip().lower() if isinstance(value, str) else None
+    if word not in ("on", "off"):
+        raise ConfigurationError(
+            f"the {SWITCH_HEADER} header must be 'on' or 'off' (this call alone, untouched),"
+            f" got {value!r}"
+        )
+    return word == "on"
+
+
+def _seconds(value: Any) -> float | None:
+    """The budget header's seconds: a positive, finite number (or its text)."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value) if isinstance(value, (str, int, float)) else math.nan
+    except (ValueError, OverflowError):
+        seconds = math.nan
+    if isinstance(value, bool) or not (math.isfinite(seconds) and seconds > 0):
+        raise ConfigurationError(
+            f"the {BUDGET_HEADER} header must be a positive, finite number of seconds such"
+            f" as '0.5', got {value!r}"
+        )
+    return seconds
+
+
+def _partition(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigurationError(
+            f"the {PARTITION_HEADER} header must be a non-empty string naming the call's"
+            f" partition (a tenant, a user, a trust level), got {value!r}"
+        )
+    return value

@@ -1,0 +1,99 @@
+"""What the providers over an official SDK (``openai``, ``anthropic``) share.
+
+Both SDKs raise errors of the same shape (``APIStatusError``, ``APIConnectionError``,
+``APITimeoutError``) and both retry by themselves; :class:`SDKProvider` turns the
+SDK's retries off and judges its errors, so the two never multiply.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Iterator
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
+
+from ._base import RetryAdvice
+from ._http import lower_headers, status_advice, transport_error_kind
+
+__all__ = ["SDKProvider", "sdk_advice", "sdk_transport_errors"]
+
+
+_Self = TypeVar("_Self", bound="_SDKClient")
+
+
+class _SDKClient(Protocol):
+    def with_options(self: _Self, *, max_retries: int) -> _Self: ...
+
+
+ClientT = TypeVar("ClientT", bound=_SDKClient)
+
+
+class SDKProvider(Generic[ClientT]):
+    """Base of the providers over an official SDK client.
+
+    The client is copied with ``max_retries=0`` (yours is left as it is): retries are
+    coalesce's job (:func:`~coalesce._engine.retry.complete_with_retries`), so the
+    SDK's never multiply with them.
+
+    Args:
+        client: The SDK client.
+    """
+
+    #: The SDK's module, imported only when an error is judged.
+    sdk: ClassVar[str]
+    structured = True
+
+    def __init__(self, client: ClientT) -> None:
+        self._client = client.with_options(max_retries=0)
+
+    @property
+    def client(self) -> Any:
+        """The SDK client requests go through (a copy of yours, with ``max_retries=0``)."""
+        return self._client
+
+    def advise(self, error: BaseException) -> RetryAdvice:
+        """Retry 408, 409, 429 (after ``retry-after``), 5xx (Anthropic's 529 too),
+        timeouts and connection errors.
+
+        Args:
+            error: What ``complete`` raised.
+        """
+        return sdk_advice(error, importlib.import_module(self.sdk))
+
+
+def sdk_advice(error: BaseException, sdk: Any) -> RetryAdvice:
+    """Whether an official SDK's exception is worth retrying, and when.
+
+    An ``APIStatusError`` is judged by :func:`status_advice`; an ``APIConnectionError``
+    (``APITimeoutError`` is one) is retried; anything else is not.
+
+    Args:
+        error: What the provider's ``complete`` raised.
+        sdk: The SDK module, ``openai`` or ``anthropic``.
+    """
+    if isinstance(error, sdk.APIStatusError):
+        return status_advice(error.status_code, lower_headers(error.response.headers.items()))
+    return RetryAdvice(retry=isinstance(error, sdk.APIConnectionError))
+
+
+@contextlib.contextmanager
+def sdk_transport_errors(sdk: Any, request: Any) -> Iterator[None]:
+    """Re-raise a transport error that escaped an SDK's stream as the SDK's own.
+
+    The SDKs wrap httpx / httpx2 errors while sending, but can let them through while a
+    stream is read; callers should only ever see the SDK's types.
+
+    Args:
+        sdk: The SDK module, ``openai`` or ``anthropic``.
+        request: The SDK's HTTP request, for the new error.
+    """
+    try:
+        yield
+    except Exception as exc:
+        kind = transport_error_kind(exc)
+        if kind == "timeout":
+            raise sdk.APITimeoutError(request=request) from exc
+        if kind == "connection":
+            message = f"Connection error: {exc}"
+            raise sdk.APIConnectionError(message=message, request=request) from exc
+        raise
