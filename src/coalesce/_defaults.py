@@ -8,6 +8,8 @@ means two numbers. The signatures and the docs read their defaults from here.
 
 from __future__ import annotations
 
+from typing import Final
+
 __all__ = [
     "BATCH_MAX_ITEMS",
     "BATCH_MAX_WAIT",
@@ -51,9 +53,9 @@ MAX_RETRIES = 4
 #: Longest one request attempt may run when no latency budget bounds it (a budget does).
 REQUEST_TIMEOUT = 60.0
 #: Pack a group only where packed it costs less than its members as plain calls.
-PACKING = "auto"
+PACKING: Final = "auto"
 #: The cheapest lane each call's latency budget allows (real time without a budget).
-LANE = "auto"
+LANE: Final = "auto"
 #: Seconds a deferred (batch or flex lane) call waits for others: a minute of calls
 #: shares one job, and a minute is nothing next to a batch job's 24 h window.
 BATCH_WINDOW = 60.0

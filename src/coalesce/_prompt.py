@@ -24,14 +24,14 @@ import pydantic
 from . import _defaults
 from ._batching.stats import BatcherStatistics
 from ._engine.engine import Engine
-from ._engine.spec import FunctionSpec, Options
+from ._engine.spec import FunctionSpec, LaneChoice, Options
 from ._exceptions import ConfigurationError
 from ._lanes.router import LaneRouter
 from ._observe.recorder import EventHook, PromptStatistics
 from ._planning.latency import LatencyPrior
 from ._planning.tokens import TokenEstimator
 from ._pricing import Price
-from ._validate import check_callable, jsonable
+from ._validate import check_callable, jsonable, partition_of
 from .providers._client import as_provider
 
 __all__ = ["PromptFunction", "prompt"]
@@ -90,16 +90,7 @@ class PromptFunction(Generic[P, Out]):
         """This call's partition key; a partition function that fails fails this call only."""
         if self._partition is None:
             return None
-        name = getattr(self._partition, "__qualname__", repr(self._partition))
-        try:
-            key = self._partition(*args, **kwargs)
-            hash(key)
-        except Exception as exc:
-            raise ConfigurationError(
-                f"the partition function {name} failed for this call ({exc!r}); it must"
-                " return a hashable key (a str, an int or a tuple of them)"
-            ) from exc
-        return key
+        return partition_of(self._partition, args, kwargs, receives="the call's arguments")
 
     async def _item(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The call's item as JSON data.
@@ -170,13 +161,13 @@ def prompt(
     timeout: float | None = None,
     context_window: int | None = None,
     schema_enforced: bool | None = None,
-    packing: Literal["auto", "always"] = "auto",
-    lane: Literal["auto", "realtime", "flex", "batch"] = "auto",
+    packing: Literal["auto", "always"] = _defaults.PACKING,
+    lane: LaneChoice = _defaults.LANE,
     store: Any = None,
-    batch_window: float = 60.0,
+    batch_window: float = _defaults.BATCH_WINDOW,
     batch_client: Any = None,
-    shadow: float = 0.0,
-    min_agreement: float = 0.9,
+    shadow: float = _defaults.SHADOW,
+    min_agreement: float = _defaults.MIN_AGREEMENT,
     agree: Callable[[Any, Any], bool] | None = None,
     vote: bool = False,
     **request_options: Any,
@@ -189,7 +180,9 @@ def prompt(
         instructions: The shared instructions (default: the docstring).
         max_wait, max_items, max_concurrency, latency_budget: Longest wait for company (0.05 s);
             items per request (4); requests in flight (no limit); seconds a caller may wait.
-        partition, max_attempts, max_retries: ``partition(*args, **kwargs) -> key``; tries (4, 4).
+        partition, max_attempts: ``partition(*args, **kwargs) -> key``; tries per item (4).
+        max_retries: Retries of a request that failed as a whole, by coalesce (the
+            SDK's own are switched off), 4; ``wrap`` defaults to the client's setting.
         max_output_tokens, stream, dedupe: Cap on each reply's tokens (default: the
             provider's); answer as each output streams (True); identical items share a slot.
         expected_output_tokens, latency_prior: What the planner assumes at first.

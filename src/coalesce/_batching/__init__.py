@@ -1,5 +1,5 @@
 """The generic micro-batcher: windows, dispatch policies, result slots, statistics.
 
-The lowest layer: it knows nothing of LLMs, and imports only ``_exceptions`` and
-``_validate`` from the rest of coalesce.
+The lowest layer above the base: it knows nothing of LLMs, and imports only
+``_exceptions``, ``_validate`` and ``_defaults`` from the rest of coalesce.
 """

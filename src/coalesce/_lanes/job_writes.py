@@ -13,8 +13,8 @@ from coalesce._lanes.records import (
     FINISHED_JOB_STATES,
     UNFINISHED_LINE_STATES,
     BatchJob,
+    DeferredLane,
     JobState,
-    Lane,
     LineState,
     PlannedLine,
     Provider,
@@ -43,7 +43,7 @@ class JobWrites(StoreConnection):
         self,
         provider: Provider,
         model: str,
-        lane: Lane,
+        lane: DeferredLane,
         lines: Sequence[PlannedLine],
         *,
         metadata: Mapping[str, str] | None = None,
@@ -61,7 +61,7 @@ class JobWrites(StoreConnection):
                 for another model; or a bad ``provider``/``lane``.
         """
         _check_choice("provider", provider, get_args(Provider))
-        _check_choice("lane", lane, get_args(Lane))
+        _check_choice("lane", lane, get_args(DeferredLane))
         if not lines:
             raise ConfigurationError("plan_job() got no lines; a job needs at least one")
         requests = [

@@ -16,11 +16,11 @@ __all__ = [
     "UNFINISHED_JOB_STATES",
     "UNFINISHED_LINE_STATES",
     "BatchJob",
+    "DeferredLane",
     "ItemRow",
     "ItemState",
     "JobState",
     "JobSummary",
-    "Lane",
     "LineState",
     "PlannedLine",
     "Provider",
@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 Provider = Literal["openai", "anthropic"]
-Lane = Literal["batch", "flex"]
+DeferredLane = Literal["batch", "flex"]
 JobState = Literal[
     "planned", "uploaded", "submitted", "completed", "expired", "cancelled", "failed", "ended"
 ]
@@ -113,7 +113,7 @@ class BatchJob:
     id: str
     provider: Provider
     model: str
-    lane: Lane
+    lane: DeferredLane
     state: JobState
     input_file_id: str | None
     provider_batch_id: str | None

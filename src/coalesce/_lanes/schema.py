@@ -14,9 +14,9 @@ from coalesce._exceptions import ConfigurationError
 from coalesce._lanes.records import (
     JOB_METADATA_KEY,
     BatchJob,
+    DeferredLane,
     ItemState,
     JobState,
-    Lane,
     LineState,
     Provider,
     StoredItem,
@@ -52,7 +52,7 @@ CREATE TABLE jobs (
     input_file_id TEXT,
     provider_batch_id TEXT UNIQUE,
     metadata TEXT NOT NULL,
-    lane TEXT NOT NULL CHECK (lane IN ({among(get_args(Lane))})),
+    lane TEXT NOT NULL CHECK (lane IN ({among(get_args(DeferredLane))})),
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL,
     cost_usd REAL NOT NULL DEFAULT 0

@@ -19,7 +19,14 @@ from typing import Any, Literal, TypeVar, cast
 
 import pydantic_core
 
-from .._defaults import MAX_ATTEMPTS, PROMPT_MAX_ITEMS, PROMPT_MAX_WAIT
+from .._defaults import (
+    MAX_ATTEMPTS,
+    MIN_AGREEMENT,
+    PACKING,
+    PROMPT_MAX_ITEMS,
+    PROMPT_MAX_WAIT,
+    SHADOW,
+)
 from .._engine.spec import Options
 from .._exceptions import ConfigurationError, InvalidInputError
 from .._observe.recorder import EventHook, PromptStatistics
@@ -27,7 +34,7 @@ from .._planning.latency import LatencyPrior
 from .._pricing import Price
 from .._validate import check_item
 from ..providers import AnthropicProvider, OpenAIProvider, Provider
-from ..providers._client import as_provider
+from ..providers._client import as_provider, retries_for
 from .call import given_arguments
 from .engines import Engines
 from .headers import coalesce_headers
@@ -171,10 +178,9 @@ _OPTION_NAMES = (
 
 
 def _options(client: Any, given: Mapping[str, Any]) -> Options:
-    """``wrap()``'s keywords as checked :class:`Options`; retries default to the client's."""
-    retries = given["max_retries"]
-    if retries is None:
-        retries = int(getattr(client, "max_retries", 2))
+    """``wrap()``'s keywords as checked :class:`Options` (retries: see
+    :func:`~coalesce.providers._client.retries_for`)."""
+    retries = retries_for(client, given["max_retries"])
     return Options(
         **{name: given[name] for name in _OPTION_NAMES}, max_retries=retries, lane="realtime"
     )
@@ -194,12 +200,12 @@ def wrap(
     timeout: float | None = None,
     context_window: int | None = None,
     schema_enforced: bool | None = None,
-    packing: Literal["auto", "always"] = "auto",
+    packing: Literal["auto", "always"] = PACKING,
     latency_prior: LatencyPrior | None = None,
     prices: Price | Mapping[str, Price] | None = None,
     on_event: EventHook | None = None,
-    shadow: float = 0.0,
-    min_agreement: float = 0.9,
+    shadow: float = SHADOW,
+    min_agreement: float = MIN_AGREEMENT,
     agree: Callable[[Any, Any], bool] | None = None,
 ) -> C:
     """Wrap an ``openai.AsyncOpenAI`` or ``anthropic.AsyncAnthropic`` so compatible calls coalesce.

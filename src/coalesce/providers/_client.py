@@ -5,10 +5,11 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from .._defaults import MAX_RETRIES
 from .._exceptions import ConfigurationError
 from . import Provider
 
-__all__ = ["as_provider"]
+__all__ = ["as_provider", "retries_for"]
 
 
 def as_provider(client: Any) -> Provider:
@@ -50,3 +51,14 @@ def as_provider(client: Any) -> Provider:
         f"client must be an openai.AsyncOpenAI, an anthropic.AsyncAnthropic, a"
         f" coalesce.providers.Provider or an async callable; got {client!r}"
     )
+
+
+def retries_for(client: Any, given: int | None) -> int:
+    """``wrap(max_retries=)``: retries of a request that failed as a whole, done by
+    coalesce (the SDK's own are switched off, so the two never multiply): ``given``,
+    else the wrapped client's own ``max_retries`` setting (a drop-in keeps what the
+    client was configured with), else :data:`~coalesce._defaults.MAX_RETRIES`."""
+    if given is not None:
+        return given
+    own = getattr(client, "max_retries", None)
+    return own if isinstance(own, int) and not isinstance(own, bool) else MAX_RETRIES
