@@ -51,13 +51,13 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import coalesce._engine.group as coalesce_group
 import openai
 import pydantic
 from _accuracy_stats import bucket_label, bucket_of, paired, wilson_interval
 from _accuracy_tasks import CACHE, Task, answer_json, make_task, pip_download
 
 import coalesce
+import coalesce._engine.group as coalesce_group
 from coalesce.providers import Completion, CompletionRequest, OpenAICompatibleProvider
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -534,11 +534,22 @@ def test_a_part_adds_its_fields_to_every_snapshot() -> None:
 def test_a_part_replaces_the_recorders_own_fields() -> None:
     rec = recorder(prices=ROUND)
     rec.dispatched(DispatchReason.FULL, 4)
-    rec.extra_done("vote", None)
-    rec.add_part(Part(dispatch_reasons={"window": 2}, vote_requests=0))
+    rec.add_part(Part(dispatch_reasons={"window": 2}))
     stats = rec.snapshot()
     assert stats.dispatch_reasons == {"window": 2}
-    assert stats.vote_requests == 0
+
+
+def test_engines_sharing_a_recorder_share_its_parts() -> None:
+    rec = recorder()
+    made: list[Part] = []
+
+    def make() -> Part:
+        made.append(Part(vote_requests=len(made)))
+        return made[-1]
+
+    first = rec.part(Part, make)
+    assert rec.part(Part, make) is first  # the second engine finds the first's
+    assert (len(made), rec.snapshot().vote_requests) == (1, 0)
 
 
 def test_parts_give_separate_fields() -> None:

@@ -15,15 +15,15 @@ import anyio.lowlevel
 import httpx
 import openai
 import pytest
+
+import coalesce
+from coalesce import ConfigurationError
+from coalesce._calls import Retry
 from coalesce._engine.retry import (
     backoff_delay,
     complete_with_retries,
     next_wait,
 )
-
-import coalesce
-from coalesce import ConfigurationError
-from coalesce._calls import Retry
 from coalesce.providers import (
     CallableProvider,
     Completion,

@@ -19,7 +19,8 @@ ROUND = Price(1.0, 10.0, 0.1)
 
 
 def approx(value: float) -> float:
-    result: float = pytest.approx(value)
+    """``pytest.approx``, typed as the float it compares equal to."""
+    result: float = pytest.approx(value)  # type: ignore[assignment]
     return result
 
 

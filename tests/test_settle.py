@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from coalesce._engine.settle import Settlement, give_up_error, settle
 from hypothesis import given
 from hypothesis import strategies as st
 
 from coalesce import InvalidOutputError, MissingOutputError
+from coalesce._engine.settle import Settlement, give_up_error, settle
 from coalesce._wire.outcomes import FailureKind, ItemFailure
 
 MISSING = ItemFailure(FailureKind.MISSING, None, "no output")

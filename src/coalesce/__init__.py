@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from ._accuracy.shadow import Agreement
 from ._batching.batch import BatchMethod, batch
 from ._batching.batcher import Batcher
 from ._batching.policy import DispatchPolicy, DispatchReason, Due
@@ -28,6 +27,7 @@ from ._exceptions import (
     ResultCountError,
     TruncatedOutputError,
 )
+from ._observe.agreement import Agreement
 from ._observe.recorder import (
     CallEvent,
     ContradictionEvent,

@@ -176,13 +176,11 @@ def prompt(
 
     Docstring = instructions, arguments = item, return annotation = output type.
     Args:
-        client, model: An ``AsyncOpenAI``, ``AsyncAnthropic``, Provider or async callable; the model.
-        instructions: The shared instructions (default: the docstring).
+        client, model, instructions: An ``AsyncOpenAI``, ``AsyncAnthropic``, Provider or
+            async callable; the model; the shared instructions (default: the docstring).
         max_wait, max_items, max_concurrency, latency_budget: Longest wait for company (0.05 s);
             items per request (4); requests in flight (no limit); seconds a caller may wait.
-        partition, max_attempts: ``partition(*args, **kwargs) -> key``; tries per item (4).
-        max_retries: Retries of a request that failed as a whole, by coalesce (the
-            SDK's own are switched off), 4; ``wrap`` defaults to the client's setting.
+        partition, max_attempts, max_retries: ``partition(*args, **kwargs) -> key``; tries (4, 4).
         max_output_tokens, stream, dedupe: Cap on each reply's tokens (default: the
             provider's); answer as each output streams (True); identical items share a slot.
         expected_output_tokens, latency_prior: What the planner assumes at first.

@@ -11,6 +11,7 @@ from typing import Literal
 
 from .._calls import NoObserver, RequestReport
 from .._observe.recorder import PromptRecorder
+from .counts import AccuracyCounts
 
 __all__ = ["ApartListener"]
 
@@ -19,15 +20,18 @@ class ApartListener(NoObserver):
     """Counts one kind of checking request (``"shadow"`` or ``"vote"``) and its cost.
 
     Args:
-        recorder: The function's recorder.
+        recorder: The function's recorder: its tokens and dollars are spent there.
+        counts: Where the request and its dollars are counted.
         kind: Which kind of request it counts.
     """
 
-    def __init__(self, recorder: PromptRecorder, kind: Literal["shadow", "vote"]) -> None:
-        self.recorder = recorder
-        self.kind = kind
+    def __init__(
+        self, recorder: PromptRecorder, counts: AccuracyCounts, kind: Literal["shadow", "vote"]
+    ) -> None:
+        self.recorder, self.counts, self.kind = recorder, counts, kind
 
     def request_done(self, report: RequestReport) -> None:
         """Count the request and what it spent."""
         completion = report.completion
-        self.recorder.extra_done(self.kind, None if completion is None else completion.usage)
+        usage = None if completion is None else completion.usage
+        self.counts.spent(self.kind, self.recorder.savings.spend(usage))

@@ -19,46 +19,16 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
-__all__ = ["Agreement", "ShadowGuard", "next_cap", "wilson_interval"]
+from .._observe.agreement import Agreement, wilson_interval
+
+__all__ = ["ShadowGuard", "next_cap"]
 
 #: Verdicts at one size before it is judged.
 MIN_SAMPLES = 30
 #: Recent verdicts kept per size for the decision.
 RECENT = 200
-
-
-class Agreement(NamedTuple):
-    """How often packed and plain answers agreed at one group size.
-
-    Attributes:
-        agreed: Shadowed items whose packed and plain answers agreed.
-        total: Shadowed items.
-        low: Lower end of the 95% Wilson interval of the agreement rate.
-        high: Upper end.
-    """
-
-    agreed: int
-    total: int
-    low: float
-    high: float
-
-    @property
-    def rate(self) -> float:
-        """``agreed / total`` (NaN before any)."""
-        return self.agreed / self.total if self.total else math.nan
-
-
-def wilson_interval(agreed: int, total: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval of ``agreed / total`` (``(0, 1)`` before any)."""
-    if total <= 0:
-        return 0.0, 1.0
-    p = agreed / total
-    denominator = 1 + z * z / total
-    centre = (p + z * z / (2 * total)) / denominator
-    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / denominator
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def next_cap(

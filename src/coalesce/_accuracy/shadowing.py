@@ -4,6 +4,7 @@ sample of the packed ones is asked again alone, and the verdicts move the group 
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import anyio
 
 from .._calls import Job, Runner
+from .._observe.events import ShadowEvent
 from .._observe.recorder import PromptRecorder
 from .shadow import ShadowGuard
 
@@ -31,6 +33,7 @@ class Shadowing:
         self, ask: Runner, alone: Runner, guard: ShadowGuard, recorder: PromptRecorder
     ) -> None:
         self.ask, self.alone, self.guard, self.recorder = ask, alone, guard, recorder
+        self._events = recorder.events
 
     async def __call__(self, jobs: list[Job], resolve: Callable[[int, Any], None]) -> None:
         answers: dict[int, Any] = {}
@@ -54,4 +57,12 @@ class Shadowing:
         await self.alone([alone], lambda _, outcome: plain.append(outcome))
         if plain and not isinstance(plain[0], BaseException):
             agreed = self.guard.record(job.company, packed, plain[0])
-            self.recorder.shadow_judged(job.company, agreed, self.guard.cap)
+            self._judged(job.company, agreed)
+
+    def _judged(self, size: int, agreed: bool) -> None:
+        """Tell the verdict: at DEBUG when the answers agreed, else at INFO."""
+        level = logging.DEBUG if agreed else logging.INFO
+        if self._events.watched(level):
+            recorder = self.recorder
+            event = ShadowEvent(recorder.function, recorder.model, size, agreed, self.guard.cap)
+            self._events.emit(event, level)

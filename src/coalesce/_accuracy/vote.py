@@ -26,9 +26,9 @@ from typing import Any
 
 from .._batching.quantile import WindowQuantile
 from .._calls import Job, RequestReport, Retry
+from .._observe.agreement import wilson_interval
 from .._planning.footprint import Footprint
 from .._planning.output import OutputTokenTracker
-from .shadow import wilson_interval
 
 __all__ = ["MISSING", "VoteCosts", "agreed", "disagreement", "settled"]
 

@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 
 from .._calls import Job, Runner
-from .._observe.recorder import PromptRecorder
+from .counts import AccuracyCounts
 from .vote import MISSING, agreed, settled
 
 __all__ = ["Voting"]
@@ -28,7 +28,7 @@ class Voting:
         pays: Whether two orders cost less than the group's plain calls.
         in_time: Whether a call's budget still leaves time to ask it alone.
         agree: The user's ``agree(a, b)``, or ``None`` for equality.
-        recorder: Told what was voted and settled.
+        counts: Told what was voted and settled.
     """
 
     def __init__(
@@ -41,11 +41,11 @@ class Voting:
         pays: Callable[[list[Job]], bool],
         in_time: Callable[[Job], bool],
         agree: Callable[[Any, Any], bool] | None,
-        recorder: PromptRecorder,
+        counts: AccuracyCounts,
     ) -> None:
         self.ask, self.reverse, self.plain = ask, reverse, plain
         self.packs, self.pays, self.in_time = packs, pays, in_time
-        self.agree, self.recorder = agree, recorder
+        self.agree, self.counts = agree, counts
 
     async def __call__(self, jobs: list[Job], resolve: Callable[[int, Any], None]) -> None:
         if not self.packs(len(jobs)):
@@ -59,7 +59,7 @@ class Voting:
         """Ask the group in both orders at once; where the answers differ, ask the item
         alone if its budget leaves time."""
         twins = [Job(job.item, job.key, job.deadline, arrival=job.arrival) for job in jobs]
-        self.recorder.voted(len(jobs))
+        self.counts.voted(len(jobs))
         first: dict[int, Any] = {}
         second: dict[int, Any] = {}
         async with anyio.create_task_group() as tg:
@@ -75,7 +75,7 @@ class Voting:
                 if in_time:  # else the usual order's answer, as without vote
                     lone = Job(job.item, job.key, job.deadline, arrival=job.arrival)
                     await self.reverse([lone], lambda _, o: alone.append(o))
-                self.recorder.vote_settled(in_time)
+                self.counts.vote_settled(in_time)
             resolve(index, settled(one, other, *alone[:1]))
 
         async with anyio.create_task_group() as tg:

@@ -15,13 +15,15 @@ import hashlib
 import json
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import anyio
 
 from .._accuracy.apart import ApartListener
+from .._accuracy.counts import AccuracyCounts
 from .._accuracy.shadow import ShadowGuard
 from .._accuracy.shadowing import Shadowing
 from .._accuracy.trust import SchemaTrust, declared_enforcement
@@ -43,7 +45,7 @@ from .admission import Admission, ContextPolicy, admission_for
 from .group import Group, packs, run_group, run_plain
 from .spec import FunctionSpec, Options, keyed_replies
 
-__all__ = ["Parts", "assemble", "cache_key", "declared_cache"]
+__all__ = ["PackingCosts", "Parts", "assemble", "cache_key", "declared_cache"]
 
 
 @dataclass
@@ -71,6 +73,22 @@ class Parts:
         return request_predictor(planning)([plan]) <= left
 
 
+class PackingCosts:
+    """The statistics part of packing's cost decisions: ``smallest_paying_group``, the
+    smallest group any engine recording here packs (``None`` when none can pay).
+
+    ``wrap``'s kinds of call share their model's recorder, each with its own decision.
+    """
+
+    def __init__(self) -> None:
+        self.costs: list[PackingCost] = []
+
+    def statistics(self) -> Mapping[str, Any]:
+        """The field, from the engines' current decisions."""
+        paying = [cost.smallest for cost in self.costs if cost.smallest is not None]
+        return {"smallest_paying_group": min(paying, default=None)}
+
+
 def assemble(
     spec: FunctionSpec,
     options: Options,
@@ -95,8 +113,7 @@ def assemble(
     )
 
     def learn_cache(cached_tokens: int) -> int:
-        if cost.saw_cached(cached_tokens):
-            recorder.smallest_paying_group = cost.smallest
+        cost.saw_cached(cached_tokens)
         return cost.plain_cached_tokens()
 
     statistics = StatisticsListener(recorder, pinned, learn_cache, unpinned, lane=lane)
@@ -115,31 +132,33 @@ def assemble(
         partial(run_group, group), policy,
     )  # fmt: skip
     parts.runner = _runner(parts, group, options, vote_costs)
-    recorder.max_items = options.max_items
-    if shadow is not None:
-        recorder.watch(shadow)
+    recorder.part(PackingCosts, PackingCosts).costs.append(cost)
     return parts
 
 
 def _runner(parts: Parts, group: Group, options: Options, vote_costs: VoteCosts) -> Runner:
     """The group runner, with the vote and the shadow guard around it if asked for."""
     recorder = parts.recorder
+    priced = recorder.price is not None
+    counts = recorder.part(AccuracyCounts, lambda: AccuracyCounts(options.max_items, priced=priced))
     runner: Runner = partial(run_group, group)
     if options.vote:
         # The second orders and the settling plain calls: counted apart, they save nothing.
-        reverse = _apart(group, Observers(ApartListener(recorder, "vote"), vote_costs), True)
+        vote = ApartListener(recorder, counts, "vote")
+        reverse = _apart(group, Observers(vote, vote_costs), True)
         runner = Voting(
             runner,
             partial(run_group, reverse),
             partial(run_plain, group),
             packs=partial(packs, group),
-            pays=_voting_pays(parts, vote_costs),
+            pays=_voting_pays(parts, vote_costs, counts),
             in_time=lambda job: parts.in_time(job, job.deadline - anyio.current_time()),
             agree=options.agree,
-            recorder=recorder,
+            counts=counts,
         )
     if parts.shadow is not None:
-        alone = _apart(group, ApartListener(recorder, "shadow"))
+        counts.watch(parts.shadow)
+        alone = _apart(group, ApartListener(recorder, counts, "shadow"))
         runner = Shadowing(runner, partial(run_group, alone), parts.shadow, recorder)
     return runner
 
@@ -150,7 +169,9 @@ def _apart(group: Group, observer: GroupObserver, reverse: bool = False) -> Grou
     return dataclasses.replace(group, observer=observer, planning=None, cost=None, reverse=reverse)
 
 
-def _voting_pays(parts: Parts, learned: VoteCosts) -> Callable[[list[Job]], bool]:
+def _voting_pays(
+    parts: Parts, learned: VoteCosts, counts: AccuracyCounts
+) -> Callable[[list[Job]], bool]:
     """Whether asking a group in two orders costs less than its plain calls."""
 
     def pays(jobs: list[Job]) -> bool:
@@ -162,7 +183,7 @@ def _voting_pays(parts: Parts, learned: VoteCosts) -> Callable[[list[Job]], bool
             item_tokens=sum(parts.estimator.count(job.key) for job in jobs),
             output_tokens=len(jobs) * expected,
             items=len(jobs),
-            disagreement=parts.recorder.vote_disagreement(),
+            disagreement=counts.vote_disagreement(),
             overheads=learned.overheads(),
         )
 
@@ -180,7 +201,6 @@ def _packing_cost(
         declared_cache(spec),
         auto=options.packing == "auto",
     )
-    recorder.smallest_paying_group = cost.smallest
     if cost.smallest is None and options.max_items > 1:  # 1: packing is off anyway
         _warn_packing_cannot_pay(spec, pinned, options.max_items)
     return cost

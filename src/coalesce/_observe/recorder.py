@@ -17,15 +17,14 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 
-from .._accuracy.shadow import Agreement, ShadowGuard
 from .._batching.quantile import WindowQuantile
 from .._pricing import Price, price_for
 from ..providers import Usage
-from .checks import CheckCounts
+from .agreement import Agreement
 from .events import (
     CallEvent,
     ContradictionEvent,
@@ -45,6 +44,7 @@ from .telemetry import Telemetry
 __all__ = [
     "CallEvent",
     "ContradictionEvent",
+    "Counts",
     "DispatchEvent",
     "Event",
     "EventHook",
@@ -57,6 +57,8 @@ __all__ = [
     "UnmeetableEvent",
     "merge_parts",
 ]
+
+P = TypeVar("P", bound="StatisticsPart")
 
 #: A request reported without saying which one it was.
 UNLABELLED = RequestLabel()
@@ -353,14 +355,7 @@ class PromptRecorder:
         self.events = EventSink(function, on_event)
         self.counts = Counts(window)
         self._telemetry = Telemetry.create(function, model, meter_provider) if telemetry else None
-        # Until the accuracy code registers its own parts, the recorder keeps the
-        # shadow's and the vote's counts for the methods below that feed them.
-        self.checks = CheckCounts(priced=self.price is not None)
         self._parts: list[StatisticsPart] = []
-        #: Set by the engine: its ``max_items``.
-        self.max_items: int | None = None
-        #: Set by the engine from its cost decision (see PromptStatistics).
-        self.smallest_paying_group: int | None = 2
 
     @property
     def price(self) -> Price | None:
@@ -375,6 +370,17 @@ class PromptRecorder:
         time. Two registered parts never give the same field.
         """
         self._parts.append(part)
+
+    def part(self, kind: type[P], make: Callable[[], P]) -> P:
+        """The registered part of type ``kind``, registering ``make()`` first if there
+        is none: the engines that share a recorder (``wrap``'s kinds of call, a
+        function's flex lane) share its parts."""
+        for part in self._parts:
+            if isinstance(part, kind):
+                return part
+        made = make()
+        self.add_part(made)
+        return made
 
     def call_finished(
         self,
@@ -565,42 +571,10 @@ class PromptRecorder:
         fields = {
             **self.counts.statistics(),
             "hook_errors": self.events.hook_errors,
-            "smallest_paying_group": self.smallest_paying_group,
-            "group_cap": self.max_items,
             **self.savings.statistics(),
-            **self.checks.statistics(),
             **merge_parts(self._parts),
         }
         return PromptStatistics(**fields)
-
-    # -- the shadow's and the vote's bookkeeping (kept in self.checks) --------
-
-    def watch(self, guard: ShadowGuard) -> None:
-        """Report ``guard``'s agreement and cap with this recorder's statistics."""
-        self.checks.watch(guard)
-
-    def extra_done(self, kind: str, usage: Usage | None) -> None:
-        """Record the reply of a request made to check or settle answers (``kind``:
-        ``"shadow"`` or ``"vote"``): its cost is spent, and no saving."""
-        self.checks.extra_done(kind, self.savings.spend(usage))
-
-    def voted(self, items: int) -> None:
-        """Record a group of ``items`` asked in two orders."""
-        self.checks.voted(items)
-
-    def vote_disagreement(self) -> float:
-        """The share of voted items whose two answers differed so far."""
-        return self.checks.vote_disagreement()
-
-    def vote_settled(self, asked: bool) -> None:
-        """Record an item whose two orders' answers differed; ``asked``: a plain call settled it."""
-        self.checks.vote_settled(asked)
-
-    def shadow_judged(self, size: int, agreed: bool, cap: int) -> None:
-        """Record a shadow verdict (see :class:`ShadowEvent`)."""
-        level = logging.DEBUG if agreed else logging.INFO
-        if self.events.watched(level):
-            self.events.emit(ShadowEvent(self.function, self.model, size, agreed, cap), level)
 
     def summary(self, waiting: int = 0) -> str:
         """The calls and requests so far, for a live ``repr``: ``"412 calls, 61
