@@ -320,10 +320,13 @@ COSTS = Footprint(shared=1000, plain_shared=900, item_frame=10, answer_frame=3)
 
 def job(item: Any, tokens: int | None = None, output: int = 50) -> Job:
     key, _ = encode_item(item)
-    made = Job(item, key, math.inf)
-    if tokens is not None:
-        made.plan = PlanItem(tokens, output, math.inf, 0.0)
-    return made
+    plan = None if tokens is None else PlanItem(tokens, output, math.inf, 0.0)
+    return Job(item, key, math.inf, plan=plan)
+
+
+def admit(gate: Admission, call: Job, size: int) -> PlanItem:
+    """Admit ``call`` as the engine does: its plan, if any, in; the plan to keep out."""
+    return gate.admit(call.item, size, call.plan, deadline=call.deadline, arrival=call.arrival)
 
 
 def admission(window: int | None = 128_000, **options: Any) -> Admission:
@@ -333,9 +336,9 @@ def admission(window: int | None = 128_000, **options: Any) -> Admission:
 
 def test_an_item_too_large_for_the_window_alone_is_refused_with_the_fix() -> None:
     gate = admission(10_000)
-    gate.admit(job("x", tokens=8937), 0)  # 1000 + 10 + 8937 + 53 = 10,000: fits exactly
+    admit(gate, job("x", tokens=8937), 0)  # 1000 + 10 + 8937 + 53 = 10,000: fits exactly
     with pytest.raises(InvalidInputError) as caught:
-        gate.admit(job("x", tokens=8938), 0)
+        admit(gate, job("x", tokens=8938), 0)
     message = str(caught.value)
     assert "8,938 tokens" in message
     assert "10,001 tokens" in message
@@ -344,26 +347,23 @@ def test_an_item_too_large_for_the_window_alone_is_refused_with_the_fix() -> Non
     assert "context_window=" in message
     # The whole reply cap is reserved when one is set.
     with pytest.raises(InvalidInputError, match="room for its output \\(2,000\\)") as capped:
-        admission(10_000, reply_cap=2000).admit(job("x", tokens=7000), 0)
+        admit(admission(10_000, reply_cap=2000), job("x", tokens=7000), 0)
     assert "lower max_output_tokens" in str(capped.value)
     assert "max_output_tokens" not in message
 
 
 def test_small_items_are_planned_by_their_size_large_ones_counted() -> None:
     gate = admission(20_000, max_items=8)
-    small, large = job("s" * 100), job("L" * 5000)
-    gate.admit(small, size=2000)  # 8 x 2000 bytes fit the window whatever the tokens
-    gate.admit(large, size=2500)  # 8 x 2500 do not: counted (1 token per character here)
-    assert small.plan is not None
-    assert large.plan is not None
-    assert (small.plan.input_tokens, large.plan.input_tokens) == (2000, 5002)
-    assert small.plan.output_tokens == 50
+    # 8 x 2000 bytes fit the window whatever the tokens; 8 x 2500 do not: counted (1
+    # token per character here).
+    small = admit(gate, job("s" * 100), size=2000)
+    large = admit(gate, job("L" * 5000), size=2500)
+    assert (small.input_tokens, large.input_tokens) == (2000, 5002)
+    assert small.output_tokens == 50
     with pytest.raises(InvalidInputError):
-        gate.admit(job("L" * 19_000), size=19_002)
-    huge = job("x" * 10)
-    admission(None).admit(huge, size=10**9)  # no window known: nothing to check
-    assert huge.plan is not None
-    assert huge.plan.input_tokens == 10**9
+        admit(gate, job("L" * 19_000), size=19_002)
+    huge = admit(admission(None), job("x" * 10), size=10**9)  # no window known: nothing to check
+    assert huge.input_tokens == 10**9
 
 
 class Inner:

@@ -1,13 +1,18 @@
-"""The layout's rules (docs/architecture.md): no import cycle, short functions, and no
-module reaching into another's underscore names."""
+"""The layout's rules (docs/architecture.md): no import cycle, short functions, no
+module reaching into another's underscore names, the layers, and one writer of a call."""
 
 from __future__ import annotations
 
 import ast
+import dataclasses
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 import coalesce
+from coalesce._calls import Job
 
 SRC = Path(coalesce.__file__).parent
 LONGEST_FUNCTION = 60
@@ -234,3 +239,43 @@ def _path(name: str) -> str:
     """``coalesce._engine.group`` -> ``_engine/group.py``; a package -> ``_engine/``."""
     relative = name.split(".", 1)[1].replace(".", "/")
     return f"{relative}/" if _is_package(name) else f"{relative}.py"
+
+
+# A call has one writer (issue 21): its own data is frozen, and only the group runner
+# moves its progress; listeners keep their own tables, keyed by the job.
+PROGRESS_WRITER = "coalesce._engine.group"
+
+
+def _progress_writes(tree: ast.Module) -> list[str]:
+    """Every assignment (``=``, ``+=``, ...) to an attribute of a ``.progress`` object."""
+    return [
+        ast.unparse(node)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.ctx, ast.Store)
+        and (
+            (isinstance(node.value, ast.Attribute) and node.value.attr == "progress")
+            or (isinstance(node.value, ast.Name) and node.value.id == "progress")
+        )
+    ]
+
+
+def test_only_the_group_runner_writes_a_calls_progress() -> None:
+    writers = {name for name, tree in MODULES.items() if _progress_writes(tree)}
+    assert writers == {PROGRESS_WRITER}
+
+
+def test_the_progress_check_finds_a_writer() -> None:
+    tree = ast.parse("job.progress.done = True\njob.progress.attempts += 1\nx = job.progress.done")
+    assert _progress_writes(tree) == ["job.progress.done", "job.progress.attempts"]
+    assert _progress_writes(ast.parse("progress = job.progress\nprogress.company = 2")) == [
+        "progress.company"
+    ]
+
+
+def test_a_job_is_frozen() -> None:
+    assert dataclasses.is_dataclass(Job)
+    assert Job.__dataclass_params__.frozen  # type: ignore[attr-defined]
+    job = Job("item", '"item"', math.inf)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.plan = None  # type: ignore[misc]

@@ -276,21 +276,27 @@ def test_a_request_line_says_what_is_known() -> None:
 
 
 async def test_each_call_learns_the_requests_that_carried_it() -> None:
+    events: list[Event] = []
     sim = SimulatedProvider(faults=FaultPlan(script=["missing_item"]))
-    engine = engine_for(sim.openai_client(max_retries=0), max_wait=0.05)
+    engine = engine_for(sim.openai_client(max_retries=0), max_wait=0.05, on_event=events.append)
     jobs = [engine.new_job(f"ticket {n}") for n in range(3)]
     async with anyio.create_task_group() as tg:
         for job in jobs:
             tg.start_soon(engine.answer, job)
-    for job in jobs:
-        assert job.group >= 1
-        assert len(job.requests) == job.attempts >= 1
-        assert job.requests[-1] == job.reply["id"]
-        assert all(re.fullmatch(r"chatcmpl-sim\d+", request) for request in job.requests)
-        assert job.reply_id
-    assert sorted(job.attempts for job in jobs) == [1, 1, 2]  # one was asked again
+    calls = [e for e in events if isinstance(e, CallEvent)]
+    sent = {e.request_id: e for e in events if isinstance(e, RequestEvent)}
+    assert len(calls) == 3
+    for call in calls:
+        assert len(call.requests) == call.attempts >= 1
+        assert all(re.fullmatch(r"chatcmpl-sim\d+", request) for request in call.requests)
+        assert all(sent[request].group >= 1 for request in call.requests)  # the reply ids
+    assert sorted(call.attempts for call in calls) == [1, 1, 2]  # one was asked again
+    assert sorted(job.attempts for job in jobs) == [1, 1, 2]
     stats = engine.statistics()
-    assert len({r for job in jobs for r in job.requests}) == stats.requests
+    assert len({r for call in calls for r in call.requests}) == stats.requests
+    # The listeners' tables forget each call once its caller has finished.
+    assert all(engine.parts.statistics.requests_of(job) == [] for job in jobs)
+    assert all(engine.parts.dispatch.of(job) is None for job in jobs)
 
 
 def test_a_call_event_names_its_requests_and_attempts() -> None:

@@ -4,7 +4,13 @@
 provider answered and what each call got. Rather than have statistics, the planner
 and the drop-in client's usage shares each re-derive that from the wire, the runner
 writes it down once, as a :class:`RequestReport`, and hands it to a
-:class:`GroupObserver`. :class:`Observers` fans one report out to several listeners.
+:class:`GroupObserver`. :class:`Observers` fans one report out to several listeners;
+:class:`NoObserver` is the base of a listener that hears only some of it.
+
+A call in flight, a :class:`Job`, has one writer: its own data is frozen when it is
+made, and only the group runner moves its :class:`Progress`. Listeners that follow
+calls keep their own tables, keyed by the job; what answered a call (its requests, its
+lane) is handed to its record in a :class:`Carried`.
 """
 
 from __future__ import annotations
@@ -17,12 +23,43 @@ if TYPE_CHECKING:
     from ._planning.planner import PlanItem
     from .providers import Completion
 
-__all__ = ["GroupObserver", "Job", "NoObserver", "Observers", "RequestReport", "Retry", "Runner"]
+__all__ = [
+    "Carried",
+    "GroupObserver",
+    "Job",
+    "NoObserver",
+    "Observers",
+    "Progress",
+    "RequestReport",
+    "Retry",
+    "Runner",
+]
 
 
-@dataclass(eq=False)
+@dataclass
+class Progress:
+    """How far one call has gone. Written by the group runner alone
+    (:mod:`coalesce._engine.group`); everyone else reads it through :class:`Job`.
+
+    Attributes:
+        attempts: Requests that carried the call so far.
+        done: Whether its caller has its outcome.
+        company: Items in the last request that carried it (1: a plain call).
+        dispatched_at: When its group started to be asked (``None`` until then).
+    """
+
+    attempts: int = 0
+    done: bool = False
+    company: int = 0
+    dispatched_at: float | None = None
+
+
+@dataclass(frozen=True, eq=False)
 class Job:
-    """One call in flight: its item, deadline, and what happened to it so far.
+    """One call in flight: its own data, fixed when it is made, and its progress.
+
+    Listeners that follow calls (statistics, usage shares, dispatch) keep their own
+    tables keyed by the job (it hashes by identity); they never write on it.
 
     Attributes:
         item: The call's input, as JSON-able data.
@@ -31,23 +68,9 @@ class Job:
         arrival: When the call was made.
         budget: Its latency budget in seconds, or ``None``.
         partition: Calls with different partitions never share a request.
-        plan: The planner's token estimates and deadline, when a budget is planned.
-        attempts: Requests that carried it so far.
-        done: Whether its caller has its outcome.
-        dispatched_at: When its group was handed to the provider.
-        prompt_tokens: Its share of the prompt tokens of the requests that carried it.
-        completion_tokens: Its share of their completion tokens.
-        reply: What the provider said about the last reply that carried it (id, model).
-        reply_id: Its id in that request.
-        group: The number of the group it was dispatched in (0 until then).
-        predictor: How the planner predicts the seconds of a request carrying given
-            members, set when its group is dispatched (``None`` without a budget).
-        predicted: That prediction for the request carrying it now, made as it was
-            sent (``None`` without a budget).
-        requests: The requests that carried it, in order: each the provider's reply id
-            when it gave one, else the request's local number (``"#12"``).
-        lane: The lane that answered it (``"realtime"``, or ``"flex"``).
-        company: Items in the last request that carried it (1: a plain call).
+        plan: Its token estimates and deadline (the planner's when a budget is
+            planned, else admission's), or ``None``.
+        progress: What the group runner has done with it so far.
     """
 
     item: Any
@@ -57,19 +80,44 @@ class Job:
     budget: float | None = None
     partition: Hashable = None
     plan: PlanItem | None = None
-    attempts: int = 0
-    done: bool = False
-    dispatched_at: float | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    reply: Mapping[str, Any] = field(default_factory=dict)
-    reply_id: str = ""
-    group: int = 0
-    predictor: Callable[[Sequence[PlanItem]], float] | None = None
-    predicted: float | None = None
+    progress: Progress = field(default_factory=Progress)
+
+    @property
+    def attempts(self) -> int:
+        """Requests that carried it so far."""
+        return self.progress.attempts
+
+    @property
+    def done(self) -> bool:
+        """Whether its caller has its outcome."""
+        return self.progress.done
+
+    @property
+    def company(self) -> int:
+        """Items in the last request that carried it (1: a plain call)."""
+        return self.progress.company
+
+    @property
+    def dispatched_at(self) -> float | None:
+        """When its group started to be asked (``None`` until then)."""
+        return self.progress.dispatched_at
+
+
+@dataclass
+class Carried:
+    """What answered one call, for its record: filled while it is asked (by the engine,
+    and by the lane router when a call goes through more than one engine).
+
+    Attributes:
+        requests: The requests that carried it, in order: each the provider's reply id
+            when it gave one, else the request's local number (``"#12"``).
+        attempts: How many requests carried it.
+        lane: The lane that answered it (``"realtime"``, or ``"flex"``).
+    """
+
     requests: list[str] = field(default_factory=list)
+    attempts: int = 0
     lane: str = "realtime"
-    company: int = 0
 
 
 @dataclass(frozen=True)
@@ -94,6 +142,8 @@ class RequestReport:
         contradicted: Ids answered while the reply streamed that the complete reply
             contradicts (the same id again with another output).
         pinned: Its reply schema named every id (see docs/protocol.md).
+        attempt: How many requests have carried its items, this one included (1: the
+            first; 0: not known).
     """
 
     slots: Mapping[str, Sequence[Job]]
@@ -110,6 +160,7 @@ class RequestReport:
     schema_broken: bool = False
     contradicted: tuple[str, ...] = ()
     pinned: bool = True
+    attempt: int = 0
 
     @property
     def items(self) -> int:
@@ -123,29 +174,10 @@ class RequestReport:
 
     @property
     def request_id(self) -> str:
-        """The provider's reply id when it gave one (``"chatcmpl-..."``), else the local
-        number the request was sent as (``"#12"``), or ``""`` if it was not counted."""
+        """The provider's reply id when it gave one (``"chatcmpl-..."``), else ``""``
+        (the statistics listener names such a request by its local number, ``"#12"``)."""
         reply_id = None if self.completion is None else self.completion.reply.get("id")
-        if isinstance(reply_id, str) and reply_id:
-            return reply_id
-        requests = self._first.requests
-        return requests[-1] if requests else ""
-
-    @property
-    def group(self) -> int:
-        """The number of the group its calls were dispatched in (0: not known)."""
-        return self._first.group
-
-    @property
-    def attempt(self) -> int:
-        """How many requests have carried its items, this one included (1: the first)."""
-        return max(job.attempts for jobs in self.slots.values() for job in jobs)
-
-    @property
-    def predicted(self) -> float | None:
-        """The planner's predicted seconds (a p95) for it, made as it was sent; ``None``
-        without a budget."""
-        return self._first.predicted
+        return reply_id if isinstance(reply_id, str) else ""
 
     @property
     def _first(self) -> Job:

@@ -15,13 +15,13 @@ reply that was not streamed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .._calls import NoObserver
 from .._wire.outcomes import FailureKind, Split
 
 if TYPE_CHECKING:
-    from .._calls import Job, RequestReport, Retry
+    from .._calls import RequestReport
     from ..providers import Provider
 
 __all__ = ["SchemaTrust", "declared_enforcement", "schema_broken"]
@@ -53,7 +53,7 @@ def schema_broken(split: Split[Any]) -> bool:
     return any(failure.kind in _SCHEMA_FAILURES for failure in split.failures.values())
 
 
-class SchemaTrust:
+class SchemaTrust(NoObserver):
     """Whether answers may be handed over while their reply still streams; learned.
 
     Listens to the group runner (a :class:`~coalesce._calls.GroupObserver`): the
@@ -67,19 +67,10 @@ class SchemaTrust:
     def __init__(self, enforced: bool) -> None:
         self.enforced = enforced
 
-    def request_sent(self, slots: Mapping[str, Sequence[Job]], reask: bool) -> None:
-        """Nothing to judge before the reply."""
-
     def request_done(self, report: RequestReport) -> None:
         """Stop trusting after a reply that broke the schema."""
         if report.schema_broken or report.contradicted:
             self.enforced = False
-
-    def retrying(self, retry: Retry) -> None:
-        """A retry says nothing about the schema."""
-
-    def group_done(self, jobs: Sequence[Job]) -> None:
-        """Nothing to judge when a group is done."""
 
     def __repr__(self) -> str:
         return f"<SchemaTrust enforced={self.enforced}>"

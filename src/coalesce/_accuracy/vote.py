@@ -21,11 +21,11 @@ function starts with. The decisions are pure (:func:`agreed`, :func:`settled`,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._batching.quantile import WindowQuantile
-from .._calls import Job, RequestReport, Retry
+from .._calls import NoObserver, RequestReport
 from .._observe.agreement import wilson_interval
 from .._planning.footprint import Footprint
 from .._planning.output import OutputTokenTracker
@@ -83,7 +83,7 @@ def settled(first: Any, second: Any, alone: Any = MISSING) -> Any:
     return first
 
 
-class VoteCosts:
+class VoteCosts(NoObserver):
     """What the vote's cost check learns from the replies the provider counted (a
     ``GroupObserver`` of the function's requests, both orders and plain calls).
 
@@ -140,9 +140,6 @@ class VoteCosts:
             return costs.plain_shared + items
         return costs.shared + len(keys) * costs.item_frame + items
 
-    def request_sent(self, slots: Mapping[str, Sequence[Job]], reask: bool) -> None:
-        """Nothing to learn before the reply."""
-
     def request_done(self, report: RequestReport) -> None:
         """Learn from a reply whose usage the provider reported."""
         completion = report.completion
@@ -153,9 +150,3 @@ class VoteCosts:
         if report.plain or report.items > 1:  # (a packed request of one item is neither)
             keys = [jobs[0].key for jobs in report.slots.values()]
             self._beyond[report.plain].add(usage.input_tokens - self.estimate(keys))
-
-    def retrying(self, retry: Retry) -> None:
-        """Nothing to learn from a retry."""
-
-    def group_done(self, jobs: Sequence[Job]) -> None:
-        """Nothing to learn when a group is done."""

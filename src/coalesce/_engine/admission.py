@@ -23,7 +23,9 @@ a real token count only for an item large enough for the bound to matter.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from .._batching.policy import DispatchPolicy, DispatchReason, Due
 from .._calls import Job
@@ -76,28 +78,43 @@ class Admission:
             per_item_output_overhead_tokens=costs.answer_frame,
         )
 
-    def admit(self, job: Job, size: int) -> None:
-        """Refuse ``job`` if its item cannot fit the window alone; give it a token plan.
+    def admit(
+        self,
+        item: Any,
+        size: int,
+        plan: PlanItem | None = None,
+        *,
+        deadline: float = math.inf,
+        arrival: float = 0.0,
+    ) -> PlanItem:
+        """Refuse ``item`` if it cannot fit the window alone; else its token plan.
 
-        A job planned against a budget keeps its plan; another gets one here, whose
+        A call planned against a budget keeps its ``plan``; another gets one here, whose
         input is the item's UTF-8 ``size`` when even a full group of such items fits.
+
+        Args:
+            item: The call's input.
+            size: The UTF-8 length of its canonical JSON.
+            plan: The planner's plan for it, if it plans against a budget.
+            deadline: When the call's budget runs out (for a plan made here).
+            arrival: When the call was made (for a plan made here).
 
         Raises:
             InvalidInputError: The item, the instructions and its expected output
                 exceed the model's context window.
         """
         limit = self.window.limit
-        plan = job.plan
         if plan is None:
-            plan = job.plan = self._plan(job, size, limit)
+            plan = PlanItem(self._tokens(item, size, limit), self.output_tokens, deadline, arrival)
         if limit is not None and plan.input_tokens > self._room(limit, plan.output_tokens):
             raise self._too_large(plan, limit)
+        return plan
 
-    def _plan(self, job: Job, size: int, limit: int | None) -> PlanItem:
-        tokens = size
+    def _tokens(self, item: Any, size: int, limit: int | None) -> int:
+        """``item``'s input tokens: its ``size`` bounds them, unless that is too coarse."""
         if limit is not None and size * self.max_items > self._room(limit, self.output_tokens):
-            tokens = count_json_tokens(job.item, self.estimator)
-        return PlanItem(tokens, self.output_tokens, job.deadline, job.arrival)
+            return count_json_tokens(item, self.estimator)
+        return size
 
     def _output_room(self, output_tokens: int) -> int:
         if self.reply_cap is not None:

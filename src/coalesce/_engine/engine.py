@@ -21,9 +21,8 @@ from typing import Any
 import anyio
 
 from .._batching.batcher import Batcher, Resolve
-from .._calls import GroupObserver, Job
+from .._calls import Carried, GroupObserver, Job
 from .._exceptions import InvalidInputError
-from .._observe.dispatch import DispatchListener
 from .._observe.events import option_changes
 from .._observe.recorder import PromptRecorder, PromptStatistics
 from .._validate import encode_item
@@ -73,7 +72,7 @@ class Engine:
             partition=_partition,
             name=spec.name,
             policy=parts.policy,
-            on_dispatch=DispatchListener(self.recorder, self.planning),
+            on_dispatch=parts.dispatch,
             resolve_early=True,
         )
 
@@ -98,14 +97,14 @@ class Engine:
         deadline = now + (budget if budget is not None else math.inf)
         try:
             key, size = encode_item(item)
-            job = Job(item, key, deadline, arrival=now, budget=budget, partition=partition)
+            plan = None
             if self.planning is not None:
-                job.plan = self.planning.plan_item(item, partition, deadline, now)
-            self.admission.admit(job, size)
+                plan = self.planning.plan_item(item, partition, deadline, now)
+            plan = self.admission.admit(item, size, plan, deadline=deadline, arrival=now)
         except InvalidInputError:
             self.recorder.call_finished(0.0, budget=budget, ok=False)  # refused at once
             raise
-        return job
+        return Job(item, key, deadline, arrival=now, budget=budget, partition=partition, plan=plan)
 
     def budget_of(self, budget: float | None) -> float | None:
         """A call's budget: its own, else the :func:`~coalesce.latency_budget` block's,
@@ -116,14 +115,18 @@ class Engine:
         """Whether real time may still answer ``job`` with ``left`` seconds."""
         return self.parts.in_time(job, left)
 
-    async def answer(self, job: Job, *, ask: Callable[[], Awaitable[Any]] | None = None) -> Any:
+    async def answer(
+        self, job: Job, *, ask: Callable[[Carried], Awaitable[Any]] | None = None
+    ) -> Any:
         """Submit ``job`` and await its own result, recording the call.
 
-        ``ask``: how to get the result instead of this engine's batcher (the lane
-        router's flex lane, say); the call is recorded here all the same."""
+        ``ask``: how to get the result instead of this engine's :meth:`ask` (the lane
+        router's flex lane, say), telling the :class:`~coalesce._calls.Carried` it is
+        given what carried the call; the call is recorded here all the same."""
+        carried = Carried()
         ok = False
         try:
-            result = await (self.batcher(job) if ask is None else ask())
+            result = await (self.ask(job, carried) if ask is None else ask(carried))
             ok = True
         finally:
             wait = None if job.dispatched_at is None else job.dispatched_at - job.arrival
@@ -132,11 +135,23 @@ class Engine:
                 wait=wait,
                 budget=job.budget,
                 ok=ok,
-                requests=job.requests,
-                attempts=job.attempts,
-                lane=job.lane,
+                requests=carried.requests,
+                attempts=carried.attempts,
+                lane=carried.lane,
             )
         return result
+
+    async def ask(self, job: Job, carried: Carried) -> Any:
+        """``job``'s own result, through this engine's batcher; the requests that
+        carried it are added to ``carried``. Its listeners forget it once it is answered."""
+        parts = self.parts
+        parts.statistics.follow(job)
+        try:
+            return await self.batcher(job)
+        finally:
+            carried.requests += parts.statistics.requests_of(job)
+            carried.attempts += job.attempts
+            parts.dispatch.forget(job)
 
     async def submit(
         self, item: Any, *, budget: float | None = None, partition: Hashable = None
@@ -154,9 +169,6 @@ class Engine:
         await self.batcher.aclose()
 
     async def _run(self, jobs: list[Job], resolve: Resolve) -> None:
-        started = anyio.current_time()
-        for job in jobs:
-            job.dispatched_at = started
         await self.parts.runner(jobs, resolve)
 
     def __repr__(self) -> str:

@@ -13,6 +13,8 @@ few lines:
 
 After each request the runner writes a :class:`~coalesce._calls.RequestReport` for its
 observer (statistics, the planner, usage shares); it never learns or counts itself.
+It is the one writer of each call's :class:`~coalesce._calls.Progress` (attempts,
+done, company, when its group started); a call's own data is frozen.
 """
 
 from __future__ import annotations
@@ -103,6 +105,7 @@ class Sent:
 
 async def run_group(group: Group, jobs: list[Job], resolve: Resolve) -> None:
     """Ask for every job's output; re-ask failures in smaller groups, then alone."""
+    _started(jobs)
     if len(jobs) > 1 and not packs(group, len(jobs)):
         await run_plain(group, jobs, resolve)
         return
@@ -122,6 +125,14 @@ async def run_group(group: Group, jobs: list[Job], resolve: Resolve) -> None:
                 _give(jobs, index, error, resolve)
     finally:
         group.observer.group_done(jobs)
+
+
+def _started(jobs: Sequence[Job]) -> None:
+    """Note when each job's group started to be asked (the first group that asks it)."""
+    now = anyio.current_time()
+    for job in jobs:
+        if job.progress.dispatched_at is None:
+            job.progress.dispatched_at = now
 
 
 def packs(group: Group, size: int) -> bool:
@@ -152,7 +163,7 @@ async def ask(group: Group, jobs: list[Job], indexes: list[int], resolve: Resolv
     """Send one request for ``indexes``; settle what it answers; return what to re-ask."""
     asked = build(group, jobs, indexes)
     for index in indexes:
-        jobs[index].company = len(asked.slots)
+        jobs[index].progress.company = len(asked.slots)
     group.observer.request_sent(
         {i: [jobs[index] for index in members] for i, members in asked.slots.items()},
         asked.reask,
@@ -187,7 +198,7 @@ def build(group: Group, jobs: list[Job], indexes: list[int]) -> Asked:
     packed, plain = _request_for(group, [jobs[member[0]].item for member in members], pin)
     reask = any(jobs[index].attempts > 0 for index in indexes)
     for index in indexes:
-        jobs[index].attempts += 1
+        jobs[index].progress.attempts += 1
     request = CompletionRequest(
         model=spec.model,
         system=packed.system,
@@ -382,8 +393,9 @@ def _report(
 ) -> None:
     jobs = asked.jobs
     completion = None if sent.error is not None and not sent.streamed else sent.completion
+    slots = {i: [jobs[index] for index in indexes] for i, indexes in asked.slots.items()}
     report = RequestReport(
-        slots={i: [jobs[index] for index in indexes] for i, indexes in asked.slots.items()},
+        slots=slots,
         plain=asked.plain,
         text=asked.text,
         reask=asked.reask,
@@ -397,6 +409,7 @@ def _report(
         schema_broken=split is not None and schema_broken(split),
         contradicted=_contradicted(sent, split),
         pinned=asked.pinned,
+        attempt=max((job.attempts for members in slots.values() for job in members), default=0),
     )
     group.observer.request_done(report)
 
@@ -421,7 +434,7 @@ def _deliver(asked: Asked, item_id: str, outcome: Any, resolve: Resolve) -> None
 
 
 def _give(jobs: list[Job], index: int, outcome: Any, resolve: Resolve) -> None:
-    jobs[index].done = True
+    jobs[index].progress.done = True
     resolve(index, outcome)
 
 

@@ -2,8 +2,8 @@
 
 :func:`assemble` builds the parts once, for :class:`~coalesce._engine.engine.Engine`:
 the token footprint, the budget planner, the context-window admission, the packing
-cost, the schema trust, the statistics listeners, and the runner that asks for a
-group: :func:`~coalesce._engine.group.run_group`, wrapped by ``vote=True``'s
+cost, the schema trust, the statistics and dispatch listeners, and the runner that asks
+for a group: :func:`~coalesce._engine.group.run_group`, wrapped by ``vote=True``'s
 :class:`~coalesce._accuracy.voting.Voting` and the shadow guard's
 :class:`~coalesce._accuracy.shadowing.Shadowing` when the function asks for them.
 """
@@ -31,7 +31,8 @@ from .._accuracy.vote import VoteCosts
 from .._accuracy.voting import Voting
 from .._calls import GroupObserver, Job, Observers, Runner
 from .._exceptions import CoalesceWarning
-from .._observe.listeners import StatisticsListener, request_predictor
+from .._observe.dispatch import DispatchListener, request_predictor
+from .._observe.listeners import StatisticsListener
 from .._observe.recorder import PromptRecorder
 from .._planning.cost import PackingCost, voting_pays
 from .._planning.footprint import Footprint, footprint
@@ -62,6 +63,8 @@ class Parts:
     shadow: ShadowGuard | None
     runner: Runner
     policy: ContextPolicy
+    statistics: StatisticsListener
+    dispatch: DispatchListener
 
     def in_time(self, job: Job, left: float) -> bool:
         """Whether real time may still answer ``job`` with ``left`` seconds (as the
@@ -116,7 +119,8 @@ def assemble(
         cost.saw_cached(cached_tokens)
         return cost.plain_cached_tokens()
 
-    statistics = StatisticsListener(recorder, pinned, learn_cache, unpinned, lane=lane)
+    dispatch = DispatchListener(recorder, planning)
+    statistics = StatisticsListener(recorder, pinned, learn_cache, unpinned, lane, dispatch)
     listeners: list[GroupObserver] = [statistics, trust, admission.window]
     listeners += [planning] if planning is not None else []
     listeners += [vote_costs] if options.vote else []
@@ -129,7 +133,7 @@ def assemble(
     policy = ContextPolicy(admission, budget, cap)
     parts = Parts(
         estimator, pinned, recorder, trust, planning, admission, cost, shadow,
-        partial(run_group, group), policy,
+        partial(run_group, group), policy, statistics, dispatch,
     )  # fmt: skip
     parts.runner = _runner(parts, group, options, vote_costs)
     recorder.part(PackingCosts, PackingCosts).costs.append(cost)

@@ -24,7 +24,7 @@ from typing import Any
 
 import anyio
 
-from .._calls import Job
+from .._calls import Carried, Job
 from .._engine.engine import Engine
 from .._engine.spec import FunctionSpec
 from .._exceptions import ConfigurationError
@@ -72,15 +72,18 @@ class LaneRouter:
         if lane is Lane.FLEX and Lane.FLEX in self.lanes:
             flex = self.flex_lane()
             job = flex.new_job(item, budget=budget, partition=partition)
-            job.lane = "flex"
-            return await engine.answer(job, ask=lambda: self._flex_first(flex, job))
+            return await engine.answer(
+                job, ask=lambda carried: self._flex_first(flex, job, carried)
+            )
         return await engine.submit(item, budget=budget, partition=partition)
 
-    async def _flex_first(self, flex: Engine, job: Job) -> Any:
+    async def _flex_first(self, flex: Engine, job: Job, carried: Carried) -> Any:
         """``job`` through flex processing; if flex refuses it (no capacity, or no flex
-        for the model), through real time with what is left of its budget."""
+        for the model), through real time with what is left of its budget. ``carried``
+        learns the requests of both and the lane that answered."""
+        carried.lane = "flex"
         try:
-            return await flex.batcher(job)
+            return await flex.ask(job, carried)
         except Exception as exc:
             if flex_unsupported(exc):
                 self.lanes = self.lanes - {Lane.FLEX}  # not asked again
@@ -92,12 +95,8 @@ class LaneRouter:
         again = engine.new_job(
             job.item, budget=left if math.isfinite(left) else None, partition=job.partition
         )
-        job.lane = "realtime"
-        try:
-            return await engine.batcher(again)
-        finally:
-            job.requests += again.requests
-            job.attempts += again.attempts
+        carried.lane = "realtime"
+        return await engine.ask(again, carried)
 
     def flex_lane(self) -> Engine:
         """The function's flex lane (see the module doc), made on first use."""

@@ -1,20 +1,43 @@
 """What is noted when a group leaves its window: the recorder's dispatch event, the
-planner's prediction for it, and budgets that were unmeetable even alone."""
+planner's prediction for it, and budgets that were unmeetable even alone.
+
+The listener keeps, for each call until its caller finishes, the number of the group
+it left in and how the planner predicts that group's requests: the statistics
+listener reads them to label each request (:class:`~coalesce.RequestEvent`).
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import anyio
 
 from .._batching.policy import DispatchReason
 from .._calls import Job
+from .._planning.planner import PlanItem, group_tokens
 from .._planning.state import Planning
-from .listeners import request_predictor
 from .recorder import PromptRecorder
 
-__all__ = ["DispatchListener"]
+__all__ = ["DispatchListener", "Dispatched", "request_predictor"]
+
+#: The planner's predicted seconds (a p95) of one request carrying given members.
+Predictor = Callable[[Sequence[PlanItem]], float]
+
+
+@dataclass(frozen=True)
+class Dispatched:
+    """What was noted of a call's group as it left its window.
+
+    Attributes:
+        group: The group's number (the recorder's count of dispatches).
+        predict: How the planner predicts the seconds of a request carrying given
+            members (``None`` without a budget).
+    """
+
+    group: int
+    predict: Predictor | None = None
 
 
 class DispatchListener:
@@ -27,6 +50,7 @@ class DispatchListener:
 
     def __init__(self, recorder: PromptRecorder, planning: Planning | None) -> None:
         self.recorder, self.planning = recorder, planning
+        self._groups: dict[Job, Dispatched] = {}
 
     def __call__(self, reason: DispatchReason, jobs: Sequence[Job]) -> None:
         planning, predict, predicted = self.planning, None, None
@@ -41,5 +65,23 @@ class DispatchListener:
         number = self.recorder.dispatched(
             reason, len(jobs), predicted=predicted, time_left=left if math.isfinite(left) else None
         )
+        dispatched = Dispatched(number, predict)
         for job in jobs:
-            job.group, job.predictor = number, predict
+            self._groups[job] = dispatched
+
+    def of(self, job: Job) -> Dispatched | None:
+        """What was noted of ``job``'s group, if it was dispatched and its caller waits."""
+        return self._groups.get(job)
+
+    def forget(self, job: Job) -> None:
+        """``job``'s caller has finished: drop what was noted of it."""
+        self._groups.pop(job, None)
+
+
+def request_predictor(planning: Planning) -> Predictor:
+    """The planner's predicted seconds (a p95) of one request carrying given members."""
+
+    def predict(members: Sequence[PlanItem]) -> float:
+        return planning.predict(*group_tokens(members, planning.limits))
+
+    return predict

@@ -1,31 +1,42 @@
 """The group runner's listeners: statistics, and each call's share of the usage.
 
 Both read :class:`~coalesce._calls.RequestReport`s; neither re-parses the wire. (The
-planner, :class:`~coalesce._planning.state.Planning`, is the third listener.) The
-statistics listener also names each request on the calls it carried
-(:attr:`~coalesce._calls.Job.requests`), so a call's event says which requests
-answered it.
+planner, :class:`~coalesce._planning.state.Planning`, is the third listener.) Neither
+writes on a call: each keeps its own table, keyed by the call's
+:class:`~coalesce._calls.Job`. The statistics listener names the requests that carry
+each call it follows (so a call's event says which requests answered it) and labels
+each request (:class:`~coalesce.RequestEvent`); the usage shares keep each call's
+share and the reply that carried it.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
-from .._calls import Job, RequestReport, Retry
+from .._calls import Job, NoObserver, RequestReport, Retry
 from .._planning.footprint import Footprint
-from .._planning.planner import PlanItem, group_tokens
-from .._planning.state import Planning
 from .._planning.tokens import estimator_for
 from .._wire.outcomes import ItemFailure
 from ..providers import Usage
+from .dispatch import DispatchListener
 from .events import RequestLabel
 from .recorder import PromptRecorder
 
-__all__ = ["StatisticsListener", "UsageShares", "apportion", "request_predictor", "split_usage"]
+__all__ = ["StatisticsListener", "UsageShare", "UsageShares", "apportion", "split_usage"]
+
+
+@dataclass(frozen=True)
+class _Sent:
+    """What a request was sent as: its local number, group and predicted seconds."""
+
+    name: str
+    group: int
+    predicted: float | None
 
 
 class StatisticsListener:
@@ -40,6 +51,8 @@ class StatisticsListener:
         unpinned: The footprint of requests whose reply schema does not name every id,
             if they are sent (see :func:`coalesce._engine.group.pinned`).
         lane: The lane the requests go through, for their price.
+        dispatch: What was noted of each call's group when it was dispatched (its
+            number and the planner's predictor), for each request's label.
     """
 
     def __init__(
@@ -49,26 +62,41 @@ class StatisticsListener:
         cache: Callable[[int], int] | None = None,
         unpinned: Footprint | None = None,
         lane: str = "realtime",
+        dispatch: DispatchListener | None = None,
     ) -> None:
         self.recorder = recorder
         self.lane = lane
         self.footprint = footprint
         self.cache = cache
         self.unpinned = unpinned or footprint
+        self.dispatch = dispatch
+        self._requests: dict[Job, list[str]] = {}  # per call followed: its requests
+        self._sent: dict[Job, _Sent] = {}  # per request in flight, by its first call
+
+    def follow(self, job: Job) -> None:
+        """Name the requests that carry ``job`` until :meth:`requests_of` hands them over."""
+        self._requests[job] = []
+
+    def requests_of(self, job: Job) -> list[str]:
+        """The requests that carried ``job`` so far, in order; it is no longer followed
+        (its caller has finished: a later request does not name it)."""
+        return self._requests.pop(job, [])
 
     def request_sent(self, slots: Mapping[str, Sequence[Job]], reask: bool) -> None:
-        """Count a request as it is sent (so counts are exact while replies stream); tell
-        the calls it carries its local number and the planner's prediction for it."""
+        """Count a request as it is sent (so counts are exact while replies stream);
+        note its local number and the planner's prediction for it."""
         number = self.recorder.request_sent(len(slots), reask=reask)
-        predicted = _predicted(slots)
+        name = f"#{number}"
+        self._sent[_first(slots)] = _Sent(name, *self._dispatched(slots))
         for jobs in slots.values():
             for job in jobs:
-                job.requests.append(f"#{number}")
-                job.predicted = predicted
+                names = self._requests.get(job)
+                if names is not None:
+                    names.append(name)
 
     def request_done(self, report: RequestReport) -> None:
         """Record one request: its tokens and cost, or its failure."""
-        label = _name_request(report)
+        label = self._name_request(report)
         if report.contradicted:
             self.recorder.contradicted(report.contradicted)
         if report.error is not None or report.completion is None:
@@ -117,69 +145,85 @@ class StatisticsListener:
         self.recorder.retried(retry.attempt, retry.delay, retry.error)
 
     def group_done(self, jobs: Sequence[Job]) -> None:
-        """Nothing to count when a group is done."""
-
-
-def request_predictor(planning: Planning) -> Callable[[Sequence[PlanItem]], float]:
-    """The planner's predicted seconds (a p95) of one request carrying given members."""
-
-    def predict(members: Sequence[PlanItem]) -> float:
-        return planning.predict(*group_tokens(members, planning.limits))
-
-    return predict
-
-
-def _predicted(slots: Mapping[str, Sequence[Job]]) -> float | None:
-    """The planner's prediction for a request carrying ``slots``, if it plans them."""
-    first = next(jobs[0] for jobs in slots.values())
-    plans = [jobs[0].plan for jobs in slots.values()]
-    if first.predictor is None or None in plans:
-        return None
-    return first.predictor([plan for plan in plans if plan is not None])
-
-
-def _name_request(report: RequestReport) -> RequestLabel:
-    """Which request ``report`` is about; its calls learn its final id (the provider's
-    reply id, when it gave one) and, with a reply, their own id in it."""
-    request_id = report.request_id
-    completion = report.completion
-    for item_id, jobs in report.slots.items():
+        """Drop what is left of the group's requests (one cancelled before its report)."""
         for job in jobs:
-            if job.requests:
-                job.requests[-1] = request_id
-            if completion is not None:
-                job.reply, job.reply_id = completion.reply, item_id
-    return RequestLabel(
-        request_id, report.group, report.attempt, report.predicted, plain=report.plain
-    )
+            self._sent.pop(job, None)
+
+    def _dispatched(self, slots: Mapping[str, Sequence[Job]]) -> tuple[int, float | None]:
+        """The number of the group a request's calls were dispatched in (0: not known),
+        and the planner's prediction for the request, if it plans them."""
+        dispatched = None
+        if self.dispatch is not None:  # any of its calls: they share their group
+            noted = (self.dispatch.of(job) for jobs in slots.values() for job in jobs)
+            dispatched = next((d for d in noted if d is not None), None)
+        if dispatched is None:
+            return 0, None
+        plans = [jobs[0].plan for jobs in slots.values()]
+        if dispatched.predict is None or None in plans:
+            return dispatched.group, None
+        return dispatched.group, dispatched.predict([plan for plan in plans if plan is not None])
+
+    def _name_request(self, report: RequestReport) -> RequestLabel:
+        """Which request ``report`` is about; the calls it carried learn its final id
+        (the provider's reply id, when it gave one)."""
+        sent = self._sent.pop(_first(report.slots), None)
+        request_id = report.request_id or ("" if sent is None else sent.name)
+        for jobs in report.slots.values():
+            for job in jobs:
+                names = self._requests.get(job)
+                if names:
+                    names[-1] = request_id
+        group, predicted = (0, None) if sent is None else (sent.group, sent.predicted)
+        return RequestLabel(request_id, group, report.attempt, predicted, plain=report.plain)
 
 
-class UsageShares:
+def _first(slots: Mapping[str, Sequence[Job]]) -> Job:
+    """The first call of a request: it names the request in the listener's tables."""
+    return next(jobs[0] for jobs in slots.values())
+
+
+@dataclass
+class UsageShare:
+    """One call's share of the usage of the requests that carried it.
+
+    Attributes:
+        prompt_tokens: Its share of their prompt tokens.
+        completion_tokens: Its share of their completion tokens.
+        reply: What the provider said about the last reply that carried it (id, model).
+        reply_id: Its id in that request.
+        finished: Set once its group is done and the share final.
+    """
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reply: Mapping[str, Any] = field(default_factory=dict)
+    reply_id: str = ""
+    finished: anyio.Event = field(default_factory=anyio.Event)
+
+
+class UsageShares(NoObserver):
     """Charges each reply's usage to the calls it carried (the drop-in client's usage).
 
     The prompt's shared part is split evenly, each item's own input is its own, and
     completion tokens go by the size of each answer; the shares add up to what the
-    provider reported. :meth:`finished` gives an event set when a call's group is done
-    (a streamed caller reports its share at the end of its stream).
+    provider reported. Only calls handed to :meth:`track` are charged; a share is
+    dropped from the table once final (its :attr:`UsageShare.finished` set when the
+    call's group is done: a streamed caller reports its share at the end of its
+    stream) or when its call leaves early (:meth:`forget`).
     """
 
     def __init__(self) -> None:
         self._estimator = estimator_for(None)  # weights only: no model-specific warning
-        self._finished: dict[Job, anyio.Event] = {}
+        self._shares: dict[Job, UsageShare] = {}
 
-    def finished(self, job: Job) -> anyio.Event:
-        """An event set once ``job``'s group is done and its share final."""
-        event = self._finished.get(job)
-        if event is None:
-            event = self._finished[job] = anyio.Event()
-        return event
+    def track(self, job: Job) -> UsageShare:
+        """Charge ``job`` its share from now on: the share, filled as replies come."""
+        share = self._shares[job] = UsageShare()
+        return share
 
     def forget(self, job: Job) -> None:
-        """``job`` left before its group ran (cancelled, or refused): drop its event."""
-        self._finished.pop(job, None)
-
-    def request_sent(self, slots: Mapping[str, Sequence[Job]], reask: bool) -> None:
-        """Nothing to charge before the reply."""
+        """``job`` left before its group was done (cancelled, or failed): charge it no more."""
+        self._shares.pop(job, None)
 
     def request_done(self, report: RequestReport) -> None:
         """Charge one reply to the calls it carried."""
@@ -196,19 +240,18 @@ class UsageShares:
             for job, p_part, c_part in zip(
                 jobs, apportion(p, [1] * len(jobs)), apportion(c, [1] * len(jobs)), strict=True
             ):
-                job.prompt_tokens += p_part
-                job.completion_tokens += c_part
-                job.reply, job.reply_id = completion.reply, item_id
-
-    def retrying(self, retry: Retry) -> None:
-        """A retry charges nothing by itself."""
+                share = self._shares.get(job)
+                if share is not None:
+                    share.prompt_tokens += p_part
+                    share.completion_tokens += c_part
+                    share.reply, share.reply_id = completion.reply, item_id
 
     def group_done(self, jobs: Sequence[Job]) -> None:
-        """The shares of ``jobs`` are final."""
+        """The shares of ``jobs`` are final: drop them, and tell whoever waits."""
         for job in jobs:
-            event = self._finished.pop(job, None)
-            if event is not None:
-                event.set()
+            share = self._shares.pop(job, None)
+            if share is not None:
+                share.finished.set()
 
     def _count(self, value: Any) -> int:
         return self._estimator.count(json.dumps(value, ensure_ascii=False, separators=(",", ":")))

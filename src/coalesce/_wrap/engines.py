@@ -99,8 +99,8 @@ class Engines:
     async def answer(
         self, call: SdkCall, budget: float | None = None, partition: Hashable = None
     ) -> Answer:
-        """Await ``call``'s own answer: its job carries its usage share and reply, its
-        ``finished`` event is set once that share is final.
+        """Await ``call``'s own answer, with its usage share and the reply that carried
+        it (the share's ``finished`` event is set once it is final).
 
         Args:
             call: The call, as its translator read it.
@@ -109,13 +109,13 @@ class Engines:
         """
         engine = self.engine(call)
         job = engine.new_job(call.item, budget=budget, partition=partition)
-        finished = self._shares.finished(job)
+        share = self._shares.track(job)
         try:
             value = await engine.answer(job)
         except BaseException:
             self._shares.forget(job)
             raise
-        return Answer(value, job, call, finished)
+        return Answer(value, call, share)
 
     async def aclose(self) -> None:
         """Close every engine: pending calls are sent now and awaited."""

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .._calls import Job
+from .._observe.listeners import UsageShare
 from .stream import CoalescedStream, anthropic_events, openai_chunks
 from .translator import Answer
 
@@ -25,8 +25,8 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def _usage_dict(job: Job, names: tuple[str, str]) -> dict[str, int]:
-    return {names[0]: job.prompt_tokens, names[1]: job.completion_tokens}
+def _usage_dict(share: UsageShare, names: tuple[str, str]) -> dict[str, int]:
+    return {names[0]: share.prompt_tokens, names[1]: share.completion_tokens}
 
 
 def _text(answer: Answer) -> str:
@@ -38,14 +38,14 @@ def openai_response(answer: Answer) -> Any:
     """The ``ChatCompletion`` of one answered item."""
     from openai.types.chat import ChatCompletion
 
-    job = answer.job
-    reply = dict(job.reply)
-    usage = _usage_dict(job, ("prompt_tokens", "completion_tokens"))
-    usage["total_tokens"] = job.prompt_tokens + job.completion_tokens
+    share = answer.share
+    reply = dict(share.reply)
+    usage = _usage_dict(share, ("prompt_tokens", "completion_tokens"))
+    usage["total_tokens"] = share.prompt_tokens + share.completion_tokens
     return ChatCompletion.model_validate(
         {
             **reply,
-            "id": f"{reply.get('id', 'chatcmpl-coalesce')}-{job.reply_id}",
+            "id": f"{reply.get('id', 'chatcmpl-coalesce')}-{share.reply_id}",
             "object": "chat.completion",
             "created": reply.get("created") or 0,
             "model": reply.get("model") or answer.call.model,
@@ -77,9 +77,9 @@ def anthropic_response(answer: Answer) -> Any:
     """The ``Message`` of one answered item."""
     from anthropic.types import Message
 
-    job = answer.job
-    reply = dict(job.reply)
-    base = f"{reply.get('id', 'msg_coalesce')}_{job.reply_id}"
+    share = answer.share
+    reply = dict(share.reply)
+    base = f"{reply.get('id', 'msg_coalesce')}_{share.reply_id}"
     return Message.model_validate(
         {
             "id": base,
@@ -89,17 +89,17 @@ def anthropic_response(answer: Answer) -> Any:
             "content": [_anthropic_block(answer, base)],
             "stop_reason": _stop_reason(answer),
             "stop_sequence": None,
-            "usage": _usage_dict(job, ("input_tokens", "output_tokens")),
+            "usage": _usage_dict(share, ("input_tokens", "output_tokens")),
         }
     )
 
 
 def _share(answer: Answer) -> Callable[[], Awaitable[tuple[int, int]]]:
-    """Waits until the job's group is done; then its ``(input, output)`` token share."""
+    """Waits until the call's group is done; then its ``(input, output)`` token share."""
 
     async def share() -> tuple[int, int]:
-        await answer.finished.wait()
-        return answer.job.prompt_tokens, answer.job.completion_tokens
+        await answer.share.finished.wait()
+        return answer.share.prompt_tokens, answer.share.completion_tokens
 
     return share
 

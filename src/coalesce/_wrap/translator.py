@@ -14,9 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import anyio
-
-from .._calls import Job
+from .._observe.listeners import UsageShare
 from .call import SdkCall
 
 __all__ = ["Answer", "Translator"]
@@ -28,16 +26,15 @@ class Answer:
 
     Attributes:
         value: The item's validated output (text, or the schema's JSON value).
-        job: The call's job: its usage share and the packed reply's metadata.
         call: The call, as its translator read it.
-        finished: Set once the usage share is final (the group's reply is done, re-asks
-            included); a streamed reply waits for it before its last event.
+        share: Its usage share and the packed reply's metadata; its ``finished`` event
+            is set once the share is final (the group's reply is done, re-asks
+            included): a streamed reply waits for it before its last event.
     """
 
     value: Any
-    job: Job
     call: SdkCall
-    finished: anyio.Event
+    share: UsageShare
 
 
 class Translator(Protocol):
