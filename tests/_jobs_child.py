@@ -1,4 +1,4 @@
-"""A batch-lane client run as its own process by tests/test_lanes_kill.py.
+"""A batch-lane client run as its own process by tests/lanes/test_lanes_kill.py.
 
 ``python tests/_jobs_child.py STORE URL N PER_LINE PROVIDER [STOP]`` plans N items into
 a job for PROVIDER (``openai`` or ``anthropic``) unless the store already holds

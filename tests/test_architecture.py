@@ -279,3 +279,17 @@ def test_a_job_is_frozen() -> None:
     job = Job("item", '"item"', math.inf)
     with pytest.raises(dataclasses.FrozenInstanceError):
         job.plan = None  # type: ignore[misc]
+
+
+def test_the_tests_mirror_the_source_folders() -> None:
+    """Each folder of tests/ is named after a package of src/ (``_engine`` -> ``engine``),
+    or holds the tests of benchmarks/ code."""
+    tests = Path(__file__).parent
+    packages = {
+        name.split(".")[1].lstrip("_") for name in MODULES if _is_package(name) and "." in name
+    }
+    folders = {
+        path.name for path in tests.iterdir() if path.is_dir() and path.name != "__pycache__"
+    }
+    assert folders - packages <= {"benchmarks"}
+    assert {"batching", "engine", "accuracy", "observe", "planning", "lanes", "wrap"} <= folders

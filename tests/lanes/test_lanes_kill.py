@@ -22,7 +22,7 @@ import pytest
 
 from coalesce._demo import simulated_provider
 
-CHILD = Path(__file__).with_name("_jobs_child.py")
+CHILD = Path(__file__).parent.parent / "_jobs_child.py"
 N, PER_LINE = 40, 8
 
 

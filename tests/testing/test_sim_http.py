@@ -25,7 +25,7 @@ from coalesce.testing._cli import main
 
 pytestmark = pytest.mark.anyio
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAST = 0.001
 SDK_STREAMS = pytest.mark.filterwarnings(
     "ignore:Async generator .* was garbage collected:ResourceWarning"

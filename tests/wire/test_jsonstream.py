@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_packing import Case, cases, expected, fingerprint, oracle_all_occurrences, validate
 
 from coalesce._wire.jsonstream import (
     Failed,
@@ -21,7 +22,6 @@ from coalesce._wire.jsonstream import (
 )
 from coalesce._wire.outcomes import FailureKind
 from coalesce._wire.packing import split_reply
-from test_packing import Case, cases, expected, fingerprint, oracle_all_occurrences, validate
 
 
 def as_int(raw: Any) -> int:

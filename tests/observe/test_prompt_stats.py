@@ -455,7 +455,7 @@ def test_telemetry_can_be_turned_off(otel_reader: Any) -> None:
 
 
 def test_the_statistics_page_describes_every_field() -> None:
-    page = (Path(__file__).parent.parent / "docs" / "statistics.md").read_text()
+    page = (Path(__file__).parents[2] / "docs" / "statistics.md").read_text()
     missing = [name for name in PromptStatistics._fields if f"`{name}`" not in page]
     assert missing == []
 

@@ -23,6 +23,7 @@ import pytest
 from pydantic import TypeAdapter
 
 import coalesce.providers
+from _providers import KINDS, DroppingTransport, close, make_provider
 from coalesce._wire.packing import PackedRequest, pack_request, split_reply
 from coalesce.providers import (
     AnthropicProvider,
@@ -37,43 +38,12 @@ from coalesce.providers import (
 )
 from coalesce.providers._anthropic import finish_reason
 from coalesce.providers._http import chat_url, retry_after, status_advice
-from coalesce.testing import RateLimit, SimulatedDisconnect, SimulatedProvider, expected_output
+from coalesce.testing import RateLimit, SimulatedProvider, expected_output
 
 pytestmark = pytest.mark.anyio
 
-KINDS = ["openai", "anthropic", "compatible"]
 SCHEMA = TypeAdapter(Literal["pos", "neg"]).json_schema()
 INPUTS = ["great film", "awful plot", "fine", "loved it", "meh", "never again"]
-
-
-class _DroppingTransport(httpx.ASGITransport):
-    """``httpx.ASGITransport`` with the simulator's dropped connection as a real one's error."""
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        try:
-            return await super().handle_async_request(request)
-        except SimulatedDisconnect as exc:
-            raise httpx.RemoteProtocolError(str(exc), request=request) from exc
-
-
-def make_provider(sim: SimulatedProvider, kind: str, base_url: str | None = None) -> Any:
-    """A provider of ``kind`` bound to ``sim`` (in process when ``base_url`` is None)."""
-    if kind == "openai":
-        return OpenAIProvider(sim.openai_client(base_url))
-    if kind == "anthropic":
-        return AnthropicProvider(sim.anthropic_client(base_url))
-    if base_url is not None:
-        return OpenAICompatibleProvider(base_url, "sk-test", timeout=5)
-    client = httpx.AsyncClient(transport=_DroppingTransport(app=sim))
-    return OpenAICompatibleProvider("http://sim.test/v1", "sk-test", http_client=client)
-
-
-async def close(provider: Any) -> None:
-    """Close the client under ``provider`` (the SDK copies share the caller's)."""
-    if isinstance(provider, OpenAICompatibleProvider):
-        await provider._client.aclose()
-    else:
-        await provider._client.close()
 
 
 def packed_request(
@@ -246,7 +216,7 @@ async def test_compatible_error_carries_the_body(sim: SimulatedProvider) -> None
 
 
 async def test_compatible_unstructured_sends_no_response_format(sim: SimulatedProvider) -> None:
-    client = httpx.AsyncClient(transport=_DroppingTransport(app=sim))
+    client = httpx.AsyncClient(transport=DroppingTransport(app=sim))
     provider = OpenAICompatibleProvider("http://sim.test", structured=False, http_client=client)
     request, _ = packed_request()
     completion = await provider.complete(request)

@@ -17,6 +17,7 @@ import openai
 import pytest
 
 import coalesce
+from _providers import KINDS, close, make_provider
 from coalesce import ConfigurationError
 from coalesce._calls import Retry
 from coalesce._engine.retry import (
@@ -33,7 +34,6 @@ from coalesce.providers import (
     RetryAdvice,
 )
 from coalesce.testing import FaultPlan, SimulatedProvider, expected_output
-from test_providers import KINDS, close, make_provider
 
 pytestmark = pytest.mark.anyio
 
