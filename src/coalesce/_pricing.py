@@ -15,7 +15,7 @@ from types import MappingProxyType
 
 from ._exceptions import ConfigurationError
 
-__all__ = ["DEFAULT_PRICES", "LANE_PRICE", "Price", "PromptCache", "cost", "price_for"]
+__all__ = ["DEFAULT_PRICES", "LANE_PRICE", "Price", "PromptCache", "cost", "price_for", "price_of"]
 
 _PER = 1_000_000
 
@@ -173,3 +173,10 @@ def cost(
         + written * (write_rate or 0.0)
         + output_tokens * price.output_per_mtok
     ) / _PER
+
+
+def price_of(model: str, prices: Price | Mapping[str, Price] | None) -> Price | None:
+    """The price of ``model`` under a ``prices=`` option: the :class:`Price` given, else
+    the model's entry in the table given (then :data:`DEFAULT_PRICES`, see
+    :func:`price_for`); ``None`` when no entry names it."""
+    return prices if isinstance(prices, Price) else price_for(model, prices)

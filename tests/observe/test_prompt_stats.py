@@ -11,13 +11,16 @@ import logging
 import math
 import sys
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
+import anyio
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coalesce import BatcherStatistics, ConfigurationError, DispatchReason
+from coalesce import Batcher, BatcherStatistics, ConfigurationError, DispatchReason
+from coalesce._observe.dispatch import DispatchReasons
 from coalesce._observe.events import EventSink
 from coalesce._observe.recorder import (
     CallEvent,
@@ -244,16 +247,15 @@ def test_dispatches_failures_retries_and_unmeetable_budgets_are_counted() -> Non
     rec.retried(2, 1.0)
     rec.unmeetable(predicted=2.5, budget=1.0)
     stats = rec.snapshot()
-    assert stats.dispatch_reasons == {"window": 2, "full": 1}
+    assert stats.dispatch_reasons == {}  # counted by the batchers (a part), not here
     assert (stats.requests, stats.requests_failed, stats.requests_in_flight) == (2, 2, 0)
     assert (stats.retries, stats.reasks, stats.unmeetable_budgets) == (2, 1, 1)
 
 
 def test_a_snapshot_is_immutable_and_does_not_change_later() -> None:
     rec = recorder()
-    rec.dispatched("full", 8)
+    rec.add_part(Part(dispatch_reasons=MappingProxyType({"full": 1})))
     stats = rec.snapshot()
-    rec.dispatched("full", 8)
     rec.call_finished(1.0, ok=True)
     assert stats.dispatch_reasons == {"full": 1}
     assert stats.calls == 0
@@ -349,7 +351,6 @@ def test_a_failing_hook_is_logged_and_ignored(caplog: pytest.LogCaptureFixture) 
         rec.call_finished(2.0, ok=True)
     stats = rec.snapshot()
     assert stats.calls == 2
-    assert stats.dispatch_reasons == {"full": 1}
     assert stats.hook_errors == 3
     records = [r for r in caplog.records if "on_event hook" in r.getMessage()]
     assert [r.levelno for r in records] == [logging.ERROR, logging.DEBUG, logging.DEBUG]
@@ -583,3 +584,30 @@ def test_batches_by_reason_is_a_deprecated_alias() -> None:
     with pytest.warns(DeprecationWarning, match="use dispatch_reasons"):
         assert stats.batches_by_reason == {"full": 1}
     assert stats.dispatch_reasons == {"full": 1}
+
+
+async def _no_op(items: list[int]) -> list[int]:
+    return items
+
+
+@pytest.mark.anyio
+async def test_dispatch_reasons_come_from_the_batchers_alone() -> None:
+    """One source: the part adds up the batchers' non-zero counts (an engine and its
+    flex lane, or wrap's kinds of call, share a recorder)."""
+    rec = recorder()
+    first, second = Batcher(_no_op, max_items=2), Batcher(_no_op, max_items=2, max_wait=0.0)
+    reasons = rec.part(DispatchReasons, DispatchReasons)
+    reasons.batchers += [first, second]
+    async with anyio.create_task_group() as tg:
+        for item in range(4):
+            tg.start_soon(first, item)
+        tg.start_soon(second, 9)
+    await first.aclose()
+    await second.aclose()
+    expected = {
+        reason: first.statistics().dispatch_reasons[reason]
+        + second.statistics().dispatch_reasons[reason]
+        for reason in ("full", "window")
+    }
+    assert rec.snapshot().dispatch_reasons == {k: n for k, n in expected.items() if n}
+    assert sum(rec.snapshot().dispatch_reasons.values()) == 3  # two full pairs, one alone

@@ -23,6 +23,7 @@ import anyio
 from .._batching.batcher import Batcher, Resolve
 from .._calls import Carried, GroupObserver, Job
 from .._exceptions import InvalidInputError
+from .._observe.dispatch import DispatchReasons
 from .._observe.events import option_changes
 from .._observe.recorder import PromptRecorder, PromptStatistics
 from .._validate import encode_item
@@ -75,6 +76,8 @@ class Engine:
             on_dispatch=parts.dispatch,
             resolve_early=True,
         )
+        # The batcher counts why groups leave: the statistics read it there.
+        self.recorder.part(DispatchReasons, DispatchReasons).batchers.append(self.batcher)
 
     @property
     def pays_from(self) -> int | None:

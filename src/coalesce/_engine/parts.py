@@ -41,7 +41,7 @@ from .._planning.planner import PlanLimits
 from .._planning.policy import BudgetPolicy
 from .._planning.state import Planning
 from .._planning.tokens import TokenEstimator, estimator_for
-from .._pricing import PromptCache
+from .._pricing import PromptCache, price_of
 from .admission import Admission, ContextPolicy, admission_for
 from .group import Group, packs, run_group, run_plain
 from .spec import FunctionSpec, Options, keyed_replies
@@ -108,7 +108,7 @@ def assemble(
     trust = SchemaTrust(declared_enforcement(spec.provider, options.schema_enforced))
     planning = _planning(spec, options, pinned, estimator, trust.enforced)
     admission = admission_for(spec, options, pinned, estimator, DEFAULT_EXPECTED_OUTPUT_TOKENS)
-    cost = _packing_cost(spec, options, pinned, recorder)
+    cost = _packing_cost(spec, options, pinned)
     vote_costs = VoteCosts(
         expected_output_tokens(spec.output_schema, estimator, options.expected_output_tokens),
         pinned,
@@ -143,7 +143,7 @@ def assemble(
 def _runner(parts: Parts, group: Group, options: Options, vote_costs: VoteCosts) -> Runner:
     """The group runner, with the vote and the shadow guard around it if asked for."""
     recorder = parts.recorder
-    priced = recorder.price is not None
+    priced = parts.cost.price is not None
     counts = recorder.part(AccuracyCounts, lambda: AccuracyCounts(options.max_items, priced=priced))
     runner: Runner = partial(run_group, group)
     if options.vote:
@@ -194,13 +194,12 @@ def _voting_pays(
     return pays
 
 
-def _packing_cost(
-    spec: FunctionSpec, options: Options, pinned: Footprint, recorder: PromptRecorder
-) -> PackingCost:
-    """Whether packing pays for the function; warns once if it never does."""
+def _packing_cost(spec: FunctionSpec, options: Options, pinned: Footprint) -> PackingCost:
+    """Whether packing pays for the function (at the model's price, from ``prices=``);
+    warns once if it never does."""
     cost = PackingCost(
         pinned,
-        recorder.price,
+        price_of(spec.model, options.prices),
         options.max_items,
         declared_cache(spec),
         auto=options.packing == "auto",

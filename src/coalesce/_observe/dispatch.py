@@ -9,18 +9,22 @@ listener reads them to label each request (:class:`~coalesce.RequestEvent`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Protocol
 
 import anyio
 
 from .._batching.policy import DispatchReason
+from .._batching.stats import BatcherStatistics
 from .._calls import Job
 from .._planning.planner import PlanItem, group_tokens
 from .._planning.state import Planning
 from .recorder import PromptRecorder
 
-__all__ = ["DispatchListener", "Dispatched", "request_predictor"]
+__all__ = ["DispatchListener", "DispatchReasons", "Dispatched", "request_predictor"]
 
 #: The planner's predicted seconds (a p95) of one request carrying given members.
 Predictor = Callable[[Sequence[PlanItem]], float]
@@ -85,3 +89,28 @@ def request_predictor(planning: Planning) -> Predictor:
         return planning.predict(*group_tokens(members, planning.limits))
 
     return predict
+
+
+class DispatchReasons:
+    """The statistics part of ``dispatch_reasons``: the batchers of the engines that
+    record here count why each group left its window, and are its one source (``wrap``'s
+    kinds of call and a function's flex lane share their recorder: their counts add up).
+    """
+
+    def __init__(self) -> None:
+        self.batchers: list[HasStatistics] = []
+
+    def statistics(self) -> Mapping[str, Any]:
+        """The field: every reason some group left for, with its count."""
+        total: Counter[str] = Counter()
+        for batcher in self.batchers:
+            total.update({k: n for k, n in batcher.statistics().dispatch_reasons.items() if n})
+        return {"dispatch_reasons": MappingProxyType(dict(total))}
+
+
+class HasStatistics(Protocol):
+    """A batcher, as :class:`DispatchReasons` reads it."""
+
+    def statistics(self) -> BatcherStatistics:
+        """Its statistics."""
+        ...

@@ -22,7 +22,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from .._batching.quantile import WindowQuantile
-from .._pricing import Price, price_for
+from .._pricing import Price, price_of
 from ..providers import Usage
 from .agreement import Agreement
 from .events import (
@@ -231,7 +231,6 @@ class Counts:
         self._latency = WindowQuantile(window)
         self._wait = WindowQuantile(window)
         self._ttft = WindowQuantile(window)
-        self._reasons: Counter[str] = Counter()
         self._lane_calls: Counter[str] = Counter()
         self.calls = self.calls_failed = self.budgeted = self.within = self.misses = 0
         self.requests = self.requests_failed = self.in_flight = self.items = 0
@@ -254,8 +253,8 @@ class Counts:
             self.misses += latency > budget
 
     def dispatched(self, reason: str) -> int:
-        """Count a group dispatched for ``reason``; return its number."""
-        self._reasons[reason] += 1
+        """Number a group dispatched for ``reason`` (the batcher counts the reasons);
+        return its number."""
         self.groups += 1
         return self.groups
 
@@ -298,7 +297,9 @@ class Counts:
             "requests_failed": self.requests_failed,
             "requests_in_flight": self.in_flight,
             "items_per_request": self.items / requests if requests else math.nan,
-            "dispatch_reasons": MappingProxyType(dict(self._reasons)),
+            # The batchers count why groups left (one source): the engine adds them as
+            # a part (see coalesce._observe.dispatch.DispatchReasons).
+            "dispatch_reasons": MappingProxyType({}),
             "retries": self.retries,
             "reasks": self.reasks,
             "contradictions": self.contradictions,
@@ -351,7 +352,7 @@ class PromptRecorder:
     ) -> None:
         self.function = function
         self.model = model
-        self.savings = Savings(prices if isinstance(prices, Price) else price_for(model, prices))
+        self.savings = Savings(price_of(model, prices))
         self.events = EventSink(function, on_event)
         self.counts = Counts(window)
         self._telemetry = Telemetry.create(function, model, meter_provider) if telemetry else None
