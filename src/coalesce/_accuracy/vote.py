@@ -105,16 +105,16 @@ class VoteCosts(NoObserver):
 
     Args:
         prior: Output tokens per answer to assume before the replies say.
-        costs: The function's token footprint (its estimates).
+        footprint: The function's token footprint (its estimates).
         count: The estimator's token count of an item's input text.
         min_replies: Replies needed before a prior is dropped.
     """
 
     def __init__(
-        self, prior: int, costs: Footprint, count: Callable[[str], int], min_replies: int = 3
+        self, prior: int, footprint: Footprint, count: Callable[[str], int], min_replies: int = 3
     ) -> None:
         self._answers = OutputTokenTracker(prior, quantile=0.5, window=50, min_samples=min_replies)
-        self._costs, self._count, self._min = costs, count, min_replies
+        self._footprint, self._count, self._min = footprint, count, min_replies
         self._beyond = {True: WindowQuantile(50), False: WindowQuantile(50)}  # by plain
 
     def answer_tokens(self) -> int:
@@ -135,10 +135,10 @@ class VoteCosts(NoObserver):
 
     def estimate(self, keys: Sequence[str]) -> int:
         """The estimated prompt tokens of a request asking these items' inputs."""
-        costs, items = self._costs, sum(self._count(key) for key in keys)
+        footprint, items = self._footprint, sum(self._count(key) for key in keys)
         if len(keys) == 1:
-            return costs.plain_shared + items
-        return costs.shared + len(keys) * costs.item_frame + items
+            return footprint.plain_shared + items
+        return footprint.shared + len(keys) * footprint.item_frame + items
 
     def request_done(self, report: RequestReport) -> None:
         """Learn from a reply whose usage the provider reported."""

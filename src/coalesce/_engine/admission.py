@@ -32,7 +32,6 @@ from .._calls import Job
 from .._exceptions import InvalidInputError
 from .._planning.context import ContextWindow
 from .._planning.footprint import Footprint
-from .._planning.longest import bounded_output_tokens
 from .._planning.planner import PlanItem, PlanLimits, group_tokens
 from .._planning.tokens import TokenEstimator, count_json_tokens
 from .spec import FunctionSpec, Options
@@ -48,7 +47,7 @@ class Admission:
 
     Args:
         window: The model's context window (it may learn a smaller one).
-        costs: What a request costs besides its items' own tokens.
+        footprint: What a request costs besides its items' own tokens.
         estimator: Counts an item's tokens when its size is close to the window.
         output_tokens: Output tokens expected of an item not planned against a budget.
         reply_cap: The ``max_output_tokens`` of a request: the provider keeps room for
@@ -59,7 +58,7 @@ class Admission:
     def __init__(
         self,
         window: ContextWindow,
-        costs: Footprint,
+        footprint: Footprint,
         estimator: TokenEstimator,
         *,
         output_tokens: int,
@@ -67,15 +66,15 @@ class Admission:
         max_items: int = 1,
     ) -> None:
         self.window = window
-        self.costs = costs
+        self.footprint = footprint
         self.estimator = estimator
         self.output_tokens = output_tokens
         self.reply_cap = reply_cap
         self.max_items = max_items
         self.limits = PlanLimits(
-            shared_tokens=costs.shared,
-            per_item_overhead_tokens=costs.item_frame,
-            per_item_output_overhead_tokens=costs.answer_frame,
+            shared_tokens=footprint.shared,
+            per_item_overhead_tokens=footprint.item_frame,
+            per_item_output_overhead_tokens=footprint.answer_frame,
         )
 
     def admit(
@@ -119,19 +118,19 @@ class Admission:
     def _output_room(self, output_tokens: int) -> int:
         if self.reply_cap is not None:
             return self.reply_cap
-        return output_tokens + self.costs.answer_frame
+        return output_tokens + self.footprint.answer_frame
 
     def _room(self, limit: int, output_tokens: int) -> int:
         """Input tokens one item may have to fit the window in a request of its own."""
-        costs = self.costs
-        return limit - costs.shared - costs.item_frame - self._output_room(output_tokens)
+        footprint = self.footprint
+        return limit - footprint.shared - footprint.item_frame - self._output_room(output_tokens)
 
     def _too_large(self, plan: PlanItem, limit: int) -> InvalidInputError:
         output = self._output_room(plan.output_tokens)
-        needed = self.costs.shared + self.costs.item_frame + plan.input_tokens + output
+        needed = self.footprint.shared + self.footprint.item_frame + plan.input_tokens + output
         return InvalidInputError(
             f"the item is about {plan.input_tokens:,} tokens: with the instructions"
-            f" ({self.costs.shared:,}) and room for its output ({output:,}), its request"
+            f" ({self.footprint.shared:,}) and room for its output ({output:,}), its request"
             f" needs {needed:,} tokens, more than the model's context window of"
             f" {limit:,} ({self.window.source}). Shorten the item or split it across"
             f" calls{_CAP_FIX if self.reply_cap is not None else ''}, or set context_window="
@@ -155,25 +154,24 @@ class Admission:
 def admission_for(
     spec: FunctionSpec,
     options: Options,
-    costs: Footprint,
+    footprint: Footprint,
     estimator: TokenEstimator,
-    default_output_tokens: int,
+    output_tokens: int,
 ) -> Admission:
     """The :class:`Admission` of one function's calls.
 
-    An item's expected output is ``expected_output_tokens``, else the longest output the
-    schema allows (a classification's label), else ``default_output_tokens``; with
+    An item's expected output is ``output_tokens`` (the one rule of
+    :func:`~coalesce._planning.output.expected_output_tokens`); with
     ``max_output_tokens`` set, the whole cap is reserved instead.
     """
     window = ContextWindow(
-        spec.model, options.context_window, estimator=estimator, shared_tokens=costs.shared
+        spec.model, options.context_window, estimator=estimator, shared_tokens=footprint.shared
     )
-    output = options.expected_output_tokens or bounded_output_tokens(spec.output_schema, estimator)
     return Admission(
         window,
-        costs,
+        footprint,
         estimator,
-        output_tokens=output or default_output_tokens,
+        output_tokens=output_tokens,
         reply_cap=options.max_output_tokens,
         max_items=options.max_items,
     )

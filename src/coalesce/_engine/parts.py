@@ -36,7 +36,7 @@ from .._observe.listeners import StatisticsListener
 from .._observe.recorder import PromptRecorder
 from .._planning.cost import PackingCost, voting_pays
 from .._planning.footprint import Footprint, footprint
-from .._planning.output import DEFAULT_EXPECTED_OUTPUT_TOKENS, expected_output_tokens
+from .._planning.output import expected_output_tokens
 from .._planning.planner import PlanLimits
 from .._planning.policy import BudgetPolicy
 from .._planning.state import Planning
@@ -107,13 +107,10 @@ def assemble(
     unpinned = footprint(spec.instructions, spec.output_schema, estimator, pin=False, **shape)
     trust = SchemaTrust(declared_enforcement(spec.provider, options.schema_enforced))
     planning = _planning(spec, options, pinned, estimator, trust.enforced)
-    admission = admission_for(spec, options, pinned, estimator, DEFAULT_EXPECTED_OUTPUT_TOKENS)
+    answer = expected_output_tokens(spec.output_schema, estimator, options.expected_output_tokens)
+    admission = admission_for(spec, options, pinned, estimator, answer)
     cost = _packing_cost(spec, options, pinned)
-    vote_costs = VoteCosts(
-        expected_output_tokens(spec.output_schema, estimator, options.expected_output_tokens),
-        pinned,
-        estimator.count,
-    )
+    vote_costs = VoteCosts(answer, pinned, estimator.count)
 
     def learn_cache(cached_tokens: int) -> int:
         cost.saw_cached(cached_tokens)
@@ -231,12 +228,12 @@ def cache_key(spec: FunctionSpec) -> str:
     return f"coalesce-{digest.hexdigest()[:16]}"
 
 
-def _warn_packing_cannot_pay(spec: FunctionSpec, costs: Footprint, max_items: int) -> None:
+def _warn_packing_cannot_pay(spec: FunctionSpec, footprint: Footprint, max_items: int) -> None:
     warnings.warn(
         f"{spec.name}: packing cannot pay for this function: each plain call pays"
-        f" ~{costs.plain_shared} shared tokens (instructions and output schema), while"
-        f" each packed item adds ~{costs.item_frame} in and ~{costs.answer_frame} out and"
-        f" a packed request ~{costs.shared} shared; no group of up to {max_items} costs"
+        f" ~{footprint.plain_shared} shared tokens (instructions and output schema), while"
+        f" each packed item adds ~{footprint.item_frame} in and ~{footprint.answer_frame} out and"
+        f" a packed request ~{footprint.shared} shared; no group of up to {max_items} costs"
         " less than plain calls. Its calls are sent at once, as plain calls. Longer"
         " shared instructions (or a larger max_items) make packing pay.",
         CoalesceWarning,

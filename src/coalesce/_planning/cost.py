@@ -167,11 +167,6 @@ class PackingCost:
         self.smallest = self._decide()
 
     @property
-    def costs(self) -> Footprint:
-        """The old name of :attr:`footprint`, until its last readers move (issue 21)."""
-        return self.footprint
-
-    @property
     def pays_from(self) -> float:
         """The smallest group that pays (``math.inf``: none)."""
         return math.inf if self.smallest is None else self.smallest
