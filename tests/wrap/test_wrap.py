@@ -116,7 +116,16 @@ def test_earlier_turns_go_into_the_instructions() -> None:
         {"response_format": {"type": "json_object"}},
         {"max_tokens": 0},
         {"extra_body": {"x": 1}},
-        {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]},
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+                    ],
+                }
+            ]
+        },
         {"messages": [SYSTEM, {"role": "assistant", "content": "last"}]},
         {
             "messages": [
@@ -185,7 +194,7 @@ def test_anthropic_create_call() -> None:
         {"thinking": {"type": "enabled", "budget_tokens": 1024}},
         {"stop_sequences": ["x"]},
         {"system": [{"type": "image"}]},
-        {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]},
+        {"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
     ],
 )
 def test_anthropic_passthrough(extra: dict[str, Any]) -> None:
@@ -283,7 +292,10 @@ def test_the_registry_names_every_method_wrap_intercepts(sdk: str) -> None:
     ours, theirs = client, raw
     for name in resource.split("."):
         ours, theirs = getattr(ours, name), getattr(theirs, name)
-    assert ours.with_raw_response is theirs.with_raw_response  # not in the table: the SDK's
+    # The SDK's own raw-response wrappers, built around the coalescing methods.
+    assert type(ours.with_raw_response) is type(theirs.with_raw_response)
+    assert ours.with_raw_response.create.__wrapped__ is ours.create
+    assert client.models is raw.models  # not in the table: the SDK's own
 
 
 @pytest.mark.parametrize(

@@ -85,6 +85,10 @@ def test_openai_parse_is_read_as_the_create_call_the_sdk_sends() -> None:
     text = openai_parse_call(chat("x"))
     assert text is not None
     assert text.output_schema is None
+    parts = [{"role": "user", "content": [{"type": "text", "text": "x"}]}]
+    as_parts = openai_parse_call(chat("x", response_format=Verdict, temperature=0, messages=parts))
+    assert as_parts is not None
+    assert as_parts.item == "x"
 
 
 def test_openai_parse_keys_differ_by_response_model() -> None:
@@ -111,7 +115,9 @@ class NotAModel:
         {"stream_options": {"include_usage": True}},
         {"logprobs": True},
         {"response_format": NotAModel},  # the SDK cannot convert it: its own error
-        {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]},
+        # Text parts coalesce (tests/wrap/test_wrap_arguments.py); other parts do not.
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+        {"tools": [openai.pydantic_function_tool(Topic)], "tool_choice": "required"},
     ],
 )
 def test_openai_parse_passthrough(extra: dict[str, Any]) -> None:

@@ -1,10 +1,16 @@
-"""The translator of Anthropic's ``messages.create``, plain and ``stream=True``.
+"""The translators of Anthropic's ``messages.create`` and ``beta.messages.create``,
+plain and ``stream=True``.
 
-Coalesced: one user message to answer (plain text), earlier turns of plain text, a
-``system`` string (or text blocks), no tools except one forced with ``tool_choice``
-(its ``input_schema`` is the output schema) or else an ``output_config`` of a
-``json_schema`` format alone (its ``schema`` is), ``stream`` on or off, no thinking.
-The caller gets a ``Message``, or a stream of ``RawMessageStreamEvent``.
+Coalesced: one user message to answer (plain text, or text blocks), earlier turns of
+plain text, a ``system`` string (or text blocks), no tools except one forced with
+``tool_choice`` ``tool`` or ``any`` (:mod:`~coalesce._wrap.tools`: its
+``input_schema`` is the output schema) or else an ``output_config`` of a
+``json_schema`` format alone (its ``schema`` is), ``stream`` on or off, no thinking,
+and the per-request arguments that do not change the answer
+(:func:`~coalesce._wrap.call.split_transport`). ``beta.messages.create`` is read the
+same when it asks for no betas, or only for betas that do not change the answer
+(:data:`NEUTRAL_BETAS`). The caller gets a ``Message`` (``BetaMessage``), or a stream
+of ``RawMessageStreamEvent`` (``BetaRawMessageStreamEvent``).
 """
 
 from __future__ import annotations
@@ -18,19 +24,32 @@ from .call import (
     last_user,
     new_call,
     output_cap,
+    split_transport,
     stream_flag,
     streamed,
     turns,
 )
 from .replies import anthropic_response, anthropic_stream
+from .tools import ForcedTool, anthropic_forced_tool
 from .translator import Answer, Translator
 
-__all__ = ["AnthropicMessagesCreate", "anthropic_create_call"]
+__all__ = [
+    "NEUTRAL_BETAS",
+    "AnthropicBetaMessagesCreate",
+    "AnthropicMessagesCreate",
+    "anthropic_beta_call",
+    "anthropic_create_call",
+]
 
 _FORWARDED = frozenset({"temperature", "top_p", "top_k", "metadata", "service_tier"})
 _HANDLED = frozenset(
     {"model", "messages", "system", "max_tokens", "tools", "tool_choice", "stream", "output_config"}
 )
+
+#: Betas that change how a request is cached or streamed, never what it answers: a
+#: ``beta.messages.create`` call asking only for these is coalesced (the packed
+#: request is sent without them). Any other beta passes the call through.
+NEUTRAL_BETAS = frozenset({"prompt-caching-2024-07-31", "fine-grained-tool-streaming-2025-05-14"})
 
 
 def anthropic_create_call(kwargs: Mapping[str, Any]) -> SdkCall | None:
@@ -39,28 +58,58 @@ def anthropic_create_call(kwargs: Mapping[str, Any]) -> SdkCall | None:
     Args:
         kwargs: The call's keyword arguments, sentinels and coalesce headers removed.
     """
-    unknown = set(kwargs) - _FORWARDED - _HANDLED
-    model, split = kwargs.get("model"), last_user(kwargs.get("messages"))
-    system = _system(kwargs.get("system"))
-    if unknown or not isinstance(model, str) or split is None or system is None:
+    split = split_transport(kwargs)
+    if split is None:
         return None
-    earlier, item = split
+    kwargs, transport = split
+    unknown = set(kwargs) - _FORWARDED - _HANDLED
+    model, last = kwargs.get("model"), last_user(kwargs.get("messages"))
+    system = _system(kwargs.get("system"))
+    if unknown or not isinstance(model, str) or last is None or system is None:
+        return None
+    earlier, item = last
     shared = turns(earlier, frozenset())
     valid, cap = output_cap(kwargs, ("max_tokens",))
-    tool = _forced_tool(kwargs.get("tools"), kwargs.get("tool_choice"))
-    output = _output_format(kwargs.get("output_config"))
-    if shared is None or not valid or tool is False or output is False:
-        return None
-    if isinstance(tool, tuple) and output is not None:
-        return None  # a forced tool and a reply format: which is the answer?
-    name, schema = tool if isinstance(tool, tuple) else (None, output)
+    answer = _answer(kwargs)
     stream = stream_flag(kwargs.get("stream"))
-    if stream is None:
+    if shared is None or not valid or answer is None or stream is None:
         return None
-    options = {k: v for k, v in kwargs.items() if k in _FORWARDED}
-    text = instructions([system, *shared[0]], shared[1])
-    call = new_call(model, text, item, schema, options, cap, name)
+    schema, tool = answer
+    notes = [] if tool is None else [tool.instruction()]
+    options = {**{k: v for k, v in kwargs.items() if k in _FORWARDED}, **transport.sent}
+    text = instructions([system, *shared[0], *notes], shared[1])
+    name = None if tool is None else tool.name
+    call = new_call(model, text, item, schema, options, cap, name, transport.timeout)
     return streamed(call, stream, include_usage=False)
+
+
+def anthropic_beta_call(kwargs: Mapping[str, Any]) -> SdkCall | None:
+    """The :class:`SdkCall` of a ``beta.messages.create`` call, or ``None`` to pass it
+    through: the ``messages.create`` call it is, when its ``betas`` are all neutral.
+
+    Args:
+        kwargs: The call's keyword arguments, sentinels and coalesce headers removed.
+    """
+    betas = kwargs.get("betas")
+    if betas is not None and (
+        not isinstance(betas, list) or not all(b in NEUTRAL_BETAS for b in betas)
+    ):
+        return None
+    return anthropic_create_call({k: v for k, v in kwargs.items() if k != "betas"})
+
+
+def _answer(
+    kwargs: Mapping[str, Any],
+) -> tuple[Mapping[str, Any] | None, ForcedTool | None] | None:
+    """(output schema, forced tool) of the call's tools or ``output_config``; ``None``
+    when they do not make one answer coalesce can ask for."""
+    tool = anthropic_forced_tool(kwargs.get("tools"), kwargs.get("tool_choice"))
+    output = _output_format(kwargs.get("output_config"))
+    if tool is False or output is False:
+        return None
+    if tool is not None and output is not None:
+        return None  # a forced tool and a reply format: which is the answer?
+    return (output, None) if tool is None else (tool.schema, tool)
 
 
 def _system(value: Any) -> str | None:
@@ -88,22 +137,6 @@ def _output_format(value: Any) -> Mapping[str, Any] | Literal[False] | None:
     return schema if isinstance(schema, Mapping) else False
 
 
-def _forced_tool(tools: Any, choice: Any) -> tuple[str, Mapping[str, Any]] | bool | None:
-    """(name, input schema) of a forced tool; ``None`` for no tools; ``False`` otherwise."""
-    if tools is None and choice is None:
-        return None
-    if (
-        not isinstance(tools, list)
-        or not isinstance(choice, Mapping)
-        or choice.get("type") != "tool"
-    ):
-        return False
-    named = [t for t in tools if isinstance(t, Mapping) and t.get("name") == choice.get("name")]
-    if len(named) != 1 or not isinstance(named[0].get("input_schema"), Mapping):
-        return False
-    return str(named[0]["name"]), named[0]["input_schema"]
-
-
 class AnthropicMessagesCreate(Translator):
     """``messages.create``: a ``Message``, or its events when streamed."""
 
@@ -112,3 +145,15 @@ class AnthropicMessagesCreate(Translator):
 
     def reply(self, answer: Answer, given: Mapping[str, Any]) -> Any:
         return anthropic_stream(answer) if answer.call.stream else anthropic_response(answer)
+
+
+class AnthropicBetaMessagesCreate(Translator):
+    """``beta.messages.create``: a ``BetaMessage``, or its events when streamed."""
+
+    def read(self, given: Mapping[str, Any]) -> SdkCall | None:
+        return anthropic_beta_call(given)
+
+    def reply(self, answer: Answer, given: Mapping[str, Any]) -> Any:
+        if answer.call.stream:
+            return anthropic_stream(answer, beta=True)
+        return anthropic_response(answer, beta=True)

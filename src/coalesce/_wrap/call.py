@@ -1,28 +1,35 @@
 """What a coalescible SDK call is, read from its keyword arguments: an :class:`SdkCall`.
 
 The pieces both SDKs share live here: the last user message is the item, earlier
-turns of plain text become the shared instructions, the caller's output cap and
-``stream=``. Each translator (``openai_chat``, ``anthropic_messages``, ...) reads its
-own method's arguments with them. Nothing here does I/O or imports an SDK.
+turns of plain text (a string, or a list of text parts) become the shared
+instructions, the caller's output cap and ``stream=``, and the arguments that steer
+how a call is sent rather than what it answers (:func:`split_transport`:
+``extra_headers``, empty ``extra_body`` / ``extra_query``, ``timeout``). Each
+translator (``openai_chat``, ``anthropic_messages``, ...) reads its own method's
+arguments with them. Nothing here does I/O or imports an SDK.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 __all__ = [
     "TASK",
+    "TRANSPORT_ARGUMENTS",
     "SdkCall",
+    "Transport",
     "converted",
     "given_arguments",
     "instructions",
     "last_user",
     "new_call",
     "output_cap",
+    "split_transport",
     "stream_flag",
     "streamed",
     "turns",
@@ -45,9 +52,12 @@ class SdkCall:
         output_schema: JSON schema of the answer, or ``None`` for plain text.
         options: Sampling options sent with the packed request.
         item_cap: The caller's own output-token cap, if any.
-        tool: The forced Anthropic tool whose input is the answer, if any.
+        tool: The forced tool whose arguments are the answer, if any (the caller
+            gets a tool call of its own).
         stream: The call asked for a stream (``stream=True``).
         include_usage: OpenAI's ``stream_options={"include_usage": True}``.
+        timeout: The caller's own ``timeout=`` in seconds, if given (``None``: none);
+            not part of the key, since calls with different limits may share a request.
     """
 
     key: str
@@ -60,6 +70,7 @@ class SdkCall:
     tool: str | None = None
     stream: bool = False
     include_usage: bool = False
+    timeout: float | None = None
 
 
 def given_arguments(kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -85,10 +96,12 @@ def new_call(
     options: Mapping[str, Any],
     cap: int | None,
     tool: str | None = None,
+    timeout: float | None = None,
 ) -> SdkCall:
-    """The :class:`SdkCall` of these parts, keyed by all of them but the item."""
+    """The :class:`SdkCall` of these parts, keyed by all of them but the item and the
+    caller's ``timeout``."""
     key = _canonical([model, instructions, schema, dict(options), cap, tool])
-    return SdkCall(key, model, instructions, item, schema, options, cap, tool)
+    return SdkCall(key, model, instructions, item, schema, options, cap, tool, timeout=timeout)
 
 
 def streamed(call: SdkCall, stream: bool, include_usage: bool) -> SdkCall:
@@ -101,8 +114,24 @@ def streamed(call: SdkCall, stream: bool, include_usage: bool) -> SdkCall:
 
 
 def _text(content: Any) -> str | None:
-    """A message's content when it is plain text, else ``None``."""
-    return content if isinstance(content, str) else None
+    """A message's content when it is plain text, else ``None``: a string, or a
+    non-empty list of text parts (``{"type": "text", "text": ...}``, nothing else in
+    them), joined as :func:`instructions` joins system texts."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list) or not content:
+        return None
+    texts = [_text_part(part) for part in content]
+    if any(text is None for text in texts):
+        return None
+    return "\n\n".join(text for text in texts if text is not None)
+
+
+def _text_part(part: Any) -> str | None:
+    if not isinstance(part, Mapping) or set(part) != {"type", "text"}:
+        return None
+    text = part["text"]
+    return text if part["type"] == "text" and isinstance(text, str) else None
 
 
 def turns(
@@ -172,3 +201,68 @@ def converted(convert: Callable[[Any], Any], value: Any) -> Any | None:
         return convert(value)
     except Exception:  # the real method raises the same for this call: let it speak
         return None
+
+
+@dataclass(frozen=True)
+class Transport:
+    """How a call is sent, apart from what it asks: read by :func:`split_transport`.
+
+    Attributes:
+        sent: Options sent with the packed request as given (``extra_headers``); part
+            of the call's key, so calls group only with calls that send the same.
+        timeout: The caller's own ``timeout=`` in seconds (``None``: none given).
+    """
+
+    sent: Mapping[str, Any] = field(default_factory=dict)
+    timeout: float | None = None
+
+
+#: The SDK's per-request arguments that :func:`split_transport` reads.
+TRANSPORT_ARGUMENTS = ("extra_headers", "extra_body", "extra_query", "timeout")
+#: Headers that may change the answer (a beta feature): a call sending one passes through.
+_ANSWERING_HEADERS = frozenset({"anthropic-beta", "openai-beta"})
+
+
+def split_transport(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], Transport] | None:
+    """(the other arguments, how the call is sent), or ``None`` when one of the SDK's
+    per-request arguments may change the answer (the call then passes through).
+
+    ``extra_headers`` of text values are sent with the packed request (calls group only
+    with calls sending the same); ``extra_body`` and ``extra_query`` count only when
+    ``None`` or empty; ``timeout`` is the caller's own limit, a positive number of
+    seconds or ``None`` (an SDK ``Timeout`` object passes through).
+
+    Args:
+        kwargs: The call's keyword arguments, sentinels and coalesce headers removed.
+    """
+    rest = {k: v for k, v in kwargs.items() if k not in TRANSPORT_ARGUMENTS}
+    if any(kwargs.get(name) not in (None, {}) for name in ("extra_body", "extra_query")):
+        return None
+    headers = _headers(kwargs.get("extra_headers"))
+    timeout = _timeout(kwargs.get("timeout"))
+    if headers is None or timeout is False:
+        return None
+    sent = {"extra_headers": headers} if headers else {}
+    return rest, Transport(sent, timeout)
+
+
+def _headers(value: Any) -> dict[str, str] | None:
+    """``extra_headers`` in a canonical order, or ``None`` when not all text (or beta)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        return None
+    if any(k.lower() in _ANSWERING_HEADERS for k in value):
+        return None
+    return dict(sorted(value.items()))
+
+
+def _timeout(value: Any) -> float | Literal[False] | None:
+    """``timeout=`` in seconds; ``False`` for what is not a positive, finite number."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return float(value) if math.isfinite(value) and value > 0 else False

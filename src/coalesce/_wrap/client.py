@@ -1,22 +1,32 @@
 """``coalesce.wrap(client)``: an ``AsyncOpenAI`` / ``AsyncAnthropic`` that coalesces.
 
-The wrapper has the client's interface; only the SDK methods in
-:data:`~coalesce._wrap.registry.TRANSLATORS` are intercepted (today
+The wrapped client is an instance of the client's own class (a subclass made once per
+SDK class, :func:`~coalesce._wrap.proxy.coalesced_class`) holding the client's state,
+so frameworks that check ``isinstance(client, openai.AsyncOpenAI)`` take it. Only
+the SDK methods in :data:`~coalesce._wrap.registry.TRANSLATORS` are replaced (today
 ``chat.completions.create`` and ``.parse``, also under ``beta``, and
-``messages.create`` and ``.parse``). Each has a :class:`~coalesce._wrap.translator.Translator`:
-a call it can read becomes one call of an :class:`~coalesce._engine.engine.Engine`
-(:class:`~coalesce._wrap.engines.Engines`: one engine per kind of call), and its caller
-gets the SDK's own object, whose content is its own answer and whose usage is its
-share. Anything else goes to the real client. Calls in different partitions
-(:func:`~coalesce._wrap.partition.partition_key`: the client's ``partition=`` function
-and the call's ``x-coalesce-partition`` header) never share a request.
+``messages.create`` and ``.parse``), and with them their ``with_raw_response`` and
+``with_streaming_response`` forms. Each has a
+:class:`~coalesce._wrap.translator.Translator`: a call it can read becomes one call of
+an :class:`~coalesce._engine.engine.Engine` (:class:`~coalesce._wrap.engines.Engines`:
+one engine per kind of call), and its caller gets the SDK's own object, whose content
+is its own answer and whose usage is its share (or the SDK's raw response around it,
+:mod:`~coalesce._wrap.raw`). Anything else goes to the SDK. Calls in different
+partitions (:func:`~coalesce._wrap.partition.partition_key`: the client's
+``partition=`` function and the call's ``x-coalesce-partition`` header) never share a
+request; ``with_options()`` and ``copy()`` give a client that shares the engines, and
+one with other credentials sends through a copy of its own.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast
 
+import anyio
 import pydantic_core
 
 from .._defaults import (
@@ -35,13 +45,15 @@ from .._pricing import Price
 from .._validate import check_item
 from ..providers import AnthropicProvider, OpenAIProvider, Provider
 from ..providers._client import as_provider, retries_for
-from .call import given_arguments
+from .call import SdkCall, given_arguments
+from .credentials import credentials_key
 from .engines import Engines
-from .headers import coalesce_headers
+from .headers import CallHeaders, coalesce_headers
 from .partition import Partition, PartitionFunction, partition_function, partition_key
-from .proxy import Proxy, overlay
-from .registry import TRANSLATORS
-from .translator import Translator
+from .proxy import Replace, coalesced_copy, replace_methods
+from .raw import call_limit, raw_mode, raw_response, timeout_error
+from .registry import TRANSLATORS, Endpoint, endpoint_of
+from .translator import Answer, Translator
 
 __all__ = ["CoalescedClient", "wrap"]
 
@@ -63,84 +75,202 @@ def _check_sendable(given: Mapping[str, Any]) -> None:
         ) from None
 
 
-class CoalescedClient(Proxy):
-    """What :func:`wrap` returns: the client, with coalescing ``create`` and ``parse``.
+@dataclass(frozen=True)
+class Wrapping:
+    """What one wrapped client (or a copy of it) coalesces with.
 
-    Every attribute but the methods of :data:`~coalesce._wrap.registry.TRANSLATORS`
-    (``chat.completions.create`` / ``.parse``, and the same under
-    ``beta.chat.completions``, for OpenAI; ``messages.create`` / ``.parse`` for
-    Anthropic) is the wrapped client's own.
+    Attributes:
+        sdk: ``"openai"`` or ``"anthropic"``.
+        plain: The SDK client whose state it holds (the one given to ``wrap``, or the
+            SDK's own copy of it for ``with_options``): its copies are made from it.
+        partition: The ``partition=`` function, if any.
+        root: The credentials key of the client given to ``wrap``.
+        sender: This client's credentials key when it differs from ``root`` (its
+            calls go through its own provider), else ``None``.
     """
 
-    def __init__(
-        self,
-        client: Any,
-        kind: str,
-        engines: Engines,
-        partition: PartitionFunction | None = None,
-    ) -> None:
-        self._engines = engines
-        self._partition = partition
-        methods = {
-            path: self._intercept(translator) for path, translator in TRANSLATORS[kind].items()
-        }
-        super().__init__(client, {**overlay(client, methods), "close": self.aclose})
+    sdk: str
+    plain: Any
+    partition: PartitionFunction | None
+    root: str
+    sender: str | None = None
 
-    def _intercept(self, translator: Translator) -> Callable[[Send], Send]:
-        """Given the SDK's own method, the method that coalesces through ``translator``."""
+
+@dataclass(frozen=True)
+class _Call:
+    """One intercepted call, read."""
+
+    translator: Translator
+    endpoint: Endpoint | None
+    given: dict[str, Any]
+    call: SdkCall
+    headers: CallHeaders
+    limit: float | None
+
+
+class CoalescedClient:
+    """What :func:`wrap` returns: the client, with coalescing ``create`` and ``parse``.
+
+    The wrapped client is an instance of the SDK client's own class
+    (``isinstance(wrapped, openai.AsyncOpenAI)`` holds) and of this one. Every
+    attribute but the methods of :data:`~coalesce._wrap.registry.TRANSLATORS`
+    (``chat.completions.create`` / ``.parse``, and the same under
+    ``beta.chat.completions``, for OpenAI; ``messages.create`` / ``.parse`` for
+    Anthropic) and their ``with_raw_response`` / ``with_streaming_response`` forms is
+    the SDK's own.
+    """
+
+    _engines: Engines
+    _coalesce: Wrapping
+
+    def _intercept(self, translator: Translator, path: str) -> Replace:
+        """Given the SDK's own method at ``path``, the method that coalesces through
+        ``translator`` (with the SDK method's name, docstring and signature)."""
 
         def replace(send: Send) -> Send:
+            @functools.wraps(send)
             async def coalesced(**kwargs: Any) -> Any:
-                return await self._dispatch(translator, send, kwargs)
+                return await self._dispatch(translator, path, send, kwargs)
 
             return coalesced
 
         return replace
 
-    async def _dispatch(self, translator: Translator, send: Send, kwargs: dict[str, Any]) -> Any:
+    async def _dispatch(
+        self, translator: Translator, path: str, send: Send, kwargs: dict[str, Any]
+    ) -> Any:
         """One intercepted call: to the engine when ``translator`` reads it and packing
         pays, to the SDK's own method ``send`` otherwise."""
         cleaned, headers = coalesce_headers(kwargs)
         if not headers.coalesce:
             return await send(**cleaned)
-        given = given_arguments(cleaned)
+        own, mode = raw_mode(cleaned)
+        read = self._read(translator, path, own, headers, raw=mode is not None)
+        if read is None:
+            return await send(**cleaned)  # not coalescible, or packing cannot pay
+        key = partition_key(self._coalesce.partition, raw_mode(kwargs)[0], headers.partition)
+        start = anyio.current_time()
+        answer = await self._answer(read, key)
+        reply = read.translator.reply(answer, read.given)
+        if mode is None or read.endpoint is None:
+            return reply
+        return raw_response(
+            self,
+            self._coalesce.sdk,
+            mode,
+            reply,
+            read.endpoint,
+            stream=read.call.stream,
+            parsed=path.endswith(".parse"),
+            waited=anyio.current_time() - start,
+            reply_id=answer.share.reply.get("id"),
+        )
+
+    def _read(
+        self,
+        translator: Translator,
+        path: str,
+        kwargs: dict[str, Any],
+        headers: CallHeaders,
+        *,
+        raw: bool,
+    ) -> _Call | None:
+        """The call as the engine takes it, or ``None`` to pass it through: a call its
+        translator declines, one whose kind packing does not pay for, a raw call of a
+        method without a known endpoint."""
+        given = given_arguments(kwargs)
         _check_sendable(given)
         call = translator.read(given)
-        if call is None or self._engines.engine(call).pays_from is None:
-            return await send(**cleaned)  # not coalescible, or packing cannot pay
-        key = partition_key(self._partition, kwargs, headers.partition)
-        try:
-            answer = await self._engines.answer(call, headers.budget, key)
-        except Exception as exc:
-            error = translator.error(exc, given)
-            if error is exc:
-                raise
-            raise error from exc
-        return translator.reply(answer, given)
+        endpoint = endpoint_of(self._coalesce.sdk, path)
+        if call is None or (raw and endpoint is None):
+            return None
+        if self._engines.engine(call, self._coalesce.sender).pays_from is None:
+            return None
+        limit = call_limit(given, call.timeout, getattr(self, "timeout", None))
+        return _Call(translator, endpoint, given, call, headers, limit)
+
+    async def _answer(self, read: _Call, key: Any) -> Answer:
+        """The engine's answer to ``read``, within the caller's own time limit."""
+        with anyio.move_on_after(read.limit):
+            try:
+                return await self._engines.answer(
+                    read.call, read.headers.budget, key, self._coalesce.sender
+                )
+            except Exception as exc:
+                error = read.translator.error(exc, read.given)
+                if error is exc:
+                    raise
+                raise error from exc
+        base = str(getattr(self, "base_url", "")).rstrip("/")
+        url = base + (read.endpoint.url if read.endpoint is not None else "")
+        raise timeout_error(self._coalesce.sdk, url)
 
     def statistics(self) -> dict[str, PromptStatistics]:
         """Immutable snapshots of the coalesced calls, one per model.
 
         See :class:`~coalesce.PromptStatistics`: latency and budget, tokens, cost and
-        savings, requests. Calls passed through to the client are not counted.
+        savings, requests. Calls passed through to the client are not counted; copies
+        made with ``with_options()`` / ``copy()`` share these statistics.
         ``wrap`` is typed as the client it wraps; reach this with
         ``typing.cast(coalesce.CoalescedClient, client).statistics()``.
         """
         return self._engines.statistics()
 
+    def copy(self, **options: Any) -> Any:
+        """The SDK's ``copy()`` (alias ``with_options()``): a client with ``options``
+        changed that still coalesces, sharing this client's engines and statistics.
+
+        A copy with other credentials, another base URL or other default headers
+        (``api_key``, ``base_url``, ``organization``, ``project``, ``default_headers``,
+        ...) never shares a request with calls sent with this client's: its calls go
+        through its own copy of the client. ``timeout`` is each of its calls' own
+        limit; ``max_retries`` applies to the calls it passes through (coalesced calls
+        keep ``wrap``'s retries).
+
+        Args:
+            options: The SDK's ``copy()`` arguments.
+        """
+        return _coalesced(self._coalesce.plain.copy(**options), self._engines, self._coalesce)
+
+    with_options = copy
+
     async def aclose(self) -> None:
-        """Send pending calls now, wait for them, then close the wrapped client.
+        """Send pending calls now, wait for them, then close the client (the HTTP
+        client it shares with the client given to ``wrap`` and every copy).
 
         ``await wrapped.close()`` does the same.
         """
         await self._engines.aclose()
-        await self._target.close()
+        await cast(Any, super()).close()
 
-    async def __aenter__(self) -> CoalescedClient:
+    async def close(self) -> None:
+        """The same as :meth:`aclose`."""
+        await self.aclose()
+
+    async def __aenter__(self) -> Any:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"<coalesced {self._coalesce.plain!r}>"
+
+
+def _coalesced(plain: Any, engines: Engines, wrapping: Wrapping) -> CoalescedClient:
+    """The coalescing client holding ``plain``'s state, served by ``engines``; its
+    own provider if ``plain``'s credentials differ from the wrapped client's."""
+    sender: str | None = credentials_key(plain)
+    if sender == wrapping.root:
+        sender = None
+    else:
+        engines.add_sender(cast(str, sender), lambda: as_provider(plain))
+    table = TRANSLATORS[wrapping.sdk]
+    client = cast(CoalescedClient, coalesced_copy(plain, table, CoalescedClient))
+    client._engines = engines
+    client._coalesce = dataclasses.replace(wrapping, plain=plain, sender=sender)
+    replace_methods(client, {path: client._intercept(t, path) for path, t in table.items()})
+    return client
 
 
 def _kind(client: Any) -> tuple[Provider, str]:
@@ -210,7 +340,7 @@ def wrap(
 ) -> C:
     """Wrap an ``openai.AsyncOpenAI`` or ``anthropic.AsyncAnthropic`` so compatible calls coalesce.
 
-    The result is typed as the client: code written for the client runs unchanged.
+    The result is an instance of the client's class and of :class:`CoalescedClient`.
 
     Args:
         client: The SDK client. (``max_wait``: longest wait for company, 0.05 s.)
@@ -244,5 +374,5 @@ def wrap(
     """
     provider, kind = _kind(client)
     options = _options(client, locals())
-    by = partition_function(partition)
-    return cast(C, CoalescedClient(client, kind, Engines(provider, options), by))
+    by = Wrapping(kind, client, partition_function(partition), credentials_key(client))
+    return cast(C, _coalesced(client, Engines(provider, options), by))

@@ -1,9 +1,12 @@
 """The engines behind a wrapped client: one per kind of call, one recorder per model.
 
 Calls of one kind (equal :attr:`~.call.SdkCall.key`: same model, instructions,
-schema and options) share an :class:`~coalesce._engine.engine.Engine`, so only they
-are packed together; their usage shares are charged by one
-:class:`~coalesce._observe.listeners.UsageShares` listener.
+schema and options) sent with the same credentials share an
+:class:`~coalesce._engine.engine.Engine`, so only they are packed together; their
+usage shares are charged by one :class:`~coalesce._observe.listeners.UsageShares`
+listener. A copy of the wrapped client with other credentials or another base URL
+(:func:`~.credentials.credentials_key`) sends through a provider of its own
+(:meth:`Engines.add_sender`); its statistics are the same recorders'.
 """
 
 from __future__ import annotations
@@ -51,14 +54,28 @@ class Engines:
         self._engines: dict[str, Engine] = {}
         self._recorders: dict[str, PromptRecorder] = {}
         self._shares = UsageShares()
+        self._senders: dict[str, Provider] = {}
 
-    def engine(self, call: SdkCall) -> Engine:
-        """The engine serving calls like ``call``."""
-        engine = self._engines.get(call.key)
+    def add_sender(self, sender: str, provider: Callable[[], Provider]) -> None:
+        """Send the calls of ``sender`` (a :func:`~.credentials.credentials_key`) through
+        ``provider()``, made now unless that sender already has one.
+
+        Args:
+            sender: The credentials key of a copy of the wrapped client.
+            provider: Makes the provider over that copy.
+        """
+        if sender not in self._senders:
+            self._senders[sender] = provider()
+
+    def engine(self, call: SdkCall, sender: str | None = None) -> Engine:
+        """The engine serving calls like ``call`` sent by ``sender`` (``None``: the
+        wrapped client itself, or a copy with its credentials)."""
+        key = call.key if sender is None else f"{sender}:{call.key}"
+        engine = self._engines.get(key)
         if engine is None:
             spec = FunctionSpec(
                 name=f"wrap:{call.model}",
-                provider=self._provider,
+                provider=self._provider if sender is None else self._senders[sender],
                 model=call.model,
                 instructions=call.instructions,
                 output_schema=call.output_schema or {"type": "string"},
@@ -69,7 +86,7 @@ class Engines:
             engine = Engine(
                 spec, self._options_for(call), recorder=recorder, observers=[self._shares]
             )
-            self._engines[call.key] = engine
+            self._engines[key] = engine
         return engine
 
     def _options_for(self, call: SdkCall) -> Options:
@@ -97,7 +114,11 @@ class Engines:
         return {model: recorder.snapshot() for model, recorder in self._recorders.items()}
 
     async def answer(
-        self, call: SdkCall, budget: float | None = None, partition: Hashable = None
+        self,
+        call: SdkCall,
+        budget: float | None = None,
+        partition: Hashable = None,
+        sender: str | None = None,
     ) -> Answer:
         """Await ``call``'s own answer, with its usage share and the reply that carried
         it (the share's ``finished`` event is set once it is final).
@@ -106,8 +127,9 @@ class Engines:
             call: The call, as its translator read it.
             budget: Seconds this call may wait (its ``x-coalesce-budget`` header).
             partition: Calls of different partitions never share a request.
+            sender: Whose credentials the call is sent with (see :meth:`engine`).
         """
-        engine = self.engine(call)
+        engine = self.engine(call, sender)
         job = engine.new_job(call.item, budget=budget, partition=partition)
         share = self._shares.track(job)
         try:

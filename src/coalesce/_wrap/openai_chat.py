@@ -1,10 +1,14 @@
 """The translator of OpenAI's ``chat.completions.create``, plain and ``stream=True``.
 
-Coalesced: one user message to answer (plain text), earlier turns of plain text, no
-tools, ``n`` of 1, ``stream`` on or off (``stream_options`` only with
-``include_usage``), ``response_format`` absent, ``text`` or ``json_schema``, and only
-the sampling options coalesce knows to be per request. The caller gets a
-``ChatCompletion``, or a stream of ``ChatCompletionChunk``.
+Coalesced: one user message to answer (plain text, or text parts), earlier turns of
+plain text (``system`` and ``developer`` messages are the instructions), ``n`` of 1,
+``stream`` on or off (``stream_options`` only with ``include_usage``),
+``response_format`` absent, ``text`` or ``json_schema``, or else one function tool the
+call forces (:mod:`~coalesce._wrap.tools`: its ``parameters`` are the output schema),
+the sampling options coalesce knows to be per request, and the per-request arguments
+that do not change the answer (:func:`~coalesce._wrap.call.split_transport`). The
+caller gets a ``ChatCompletion`` (a tool call of its own for a forced tool), or a
+stream of ``ChatCompletionChunk``.
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ from .call import (
     last_user,
     new_call,
     output_cap,
+    split_transport,
     stream_flag,
     streamed,
     turns,
 )
 from .replies import openai_response, openai_stream
+from .tools import ForcedTool, openai_forced_tool
 from .translator import Answer, Translator
 
 __all__ = ["OpenAIChatCreate", "openai_create_call"]
@@ -43,7 +49,19 @@ _FORWARDED = frozenset(
         "store",
     }
 )
-_HANDLED = frozenset({"model", "messages", "n", "response_format", "stream", "stream_options"})
+_HANDLED = frozenset(
+    {
+        "model",
+        "messages",
+        "n",
+        "response_format",
+        "stream",
+        "stream_options",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+    }
+)
 _CAPS = ("max_completion_tokens", "max_tokens")
 _SYSTEM_ROLES = frozenset({"system", "developer"})
 
@@ -55,24 +73,49 @@ def openai_create_call(kwargs: Mapping[str, Any]) -> SdkCall | None:
     Args:
         kwargs: The call's keyword arguments, sentinels and coalesce headers removed.
     """
-    unknown = set(kwargs) - _FORWARDED - _HANDLED - set(_CAPS)
-    model, split = kwargs.get("model"), last_user(kwargs.get("messages"))
-    if unknown or not isinstance(model, str) or split is None or kwargs.get("n") not in (None, 1):
+    split = split_transport(kwargs)
+    if split is None:
         return None
-    earlier, item = split
+    kwargs, transport = split
+    unknown = set(kwargs) - _FORWARDED - _HANDLED - set(_CAPS)
+    model, last = kwargs.get("model"), last_user(kwargs.get("messages"))
+    if unknown or not isinstance(model, str) or last is None or kwargs.get("n") not in (None, 1):
+        return None
+    earlier, item = last
     shared = turns(earlier, _SYSTEM_ROLES)
     valid, cap = output_cap(kwargs, _CAPS)
-    schema = _schema(kwargs.get("response_format"))
-    if shared is None or not valid or schema is False:
-        return None
-    output_schema = schema if isinstance(schema, Mapping) else None
+    answer = _answer(kwargs)
     stream = stream_flag(kwargs.get("stream"))
     usage = _include_usage(kwargs.get("stream_options"))
-    if stream is None or usage is None or (usage and not stream):
+    if shared is None or not valid or answer is None or stream is None or usage is None:
         return None
-    options = {k: v for k, v in kwargs.items() if k in _FORWARDED}
-    call = new_call(model, instructions(*shared), item, output_schema, options, cap)
+    if usage and not stream:
+        return None
+    schema, tool = answer
+    system = [*shared[0], tool.instruction()] if tool is not None else shared[0]
+    options = {**{k: v for k, v in kwargs.items() if k in _FORWARDED}, **transport.sent}
+    name = None if tool is None else tool.name
+    text = instructions(system, shared[1])
+    call = new_call(model, text, item, schema, options, cap, name, transport.timeout)
     return streamed(call, stream, usage)
+
+
+def _answer(
+    kwargs: Mapping[str, Any],
+) -> tuple[Mapping[str, Any] | None, ForcedTool | None] | None:
+    """(output schema, forced tool) of the call's ``response_format`` or tools;
+    ``None`` when they do not make one answer coalesce can ask for."""
+    schema = _schema(kwargs.get("response_format"))
+    tool = openai_forced_tool(
+        kwargs.get("tools"), kwargs.get("tool_choice"), kwargs.get("parallel_tool_calls")
+    )
+    if schema is False or tool is False:
+        return None
+    if tool is None:
+        return (schema if isinstance(schema, Mapping) else None), None
+    if kwargs.get("response_format") is not None:
+        return None  # a forced tool and a reply format: which is the answer?
+    return tool.schema, tool
 
 
 def _include_usage(value: Any) -> bool | None:

@@ -5,9 +5,11 @@ the SDK itself sends for it: the ``json_schema`` response format the SDK derives
 ``Model`` (``openai.lib.type_to_response_format_param``). It therefore shares requests
 with equal ``create`` calls; its caller gets the ``ChatCompletion`` built for
 ``create``, parsed by the SDK's own parser into a ``ParsedChatCompletion`` of its own
-type. A call this does not cover (``stream=``, a type the SDK cannot convert) goes to
-the real ``parse()``, which speaks for itself. The SDK is imported only when a parse
-call is made.
+type. A forced strict function tool (``tools=[openai.pydantic_function_tool(Model)]``)
+is read as ``create`` reads it, and its caller's tool call gets the SDK's own
+``parsed_arguments``. A call this does not cover (``stream=``, a type the SDK cannot
+convert, a tool that is not strict) goes to the real ``parse()``, which speaks for
+itself. The SDK is imported only when a parse call is made.
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ def openai_parse_call(kwargs: Mapping[str, Any]) -> SdkCall | None:
     """
     if "stream" in kwargs:  # parse() takes no stream=: the SDK says so itself
         return None
+    if "tools" in kwargs:
+        from openai.lib._parsing import validate_input_tools
+
+        if converted(validate_input_tools, kwargs["tools"]) is None:
+            return None  # a tool parse() cannot parse: the SDK's own error
     if "response_format" not in kwargs:
         return openai_create_call(kwargs)
     from openai.lib import type_to_response_format_param
@@ -84,11 +91,11 @@ class OpenAIChatParse(Translator):
         import openai
         from openai.lib._parsing import parse_chat_completion
 
-        response_format = given.get("response_format")
-        fmt = openai.omit if response_format is None else response_format
-        # No tools: a call with tools is passed through.
+        response_format, tools = given.get("response_format"), given.get("tools")
         return parse_chat_completion(
-            response_format=fmt, input_tools=openai.omit, chat_completion=openai_response(answer)
+            response_format=openai.omit if response_format is None else response_format,
+            input_tools=openai.omit if tools is None else tools,
+            chat_completion=openai_response(answer),
         )
 
     def error(self, error: Exception, given: Mapping[str, Any]) -> Exception:

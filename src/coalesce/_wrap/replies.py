@@ -1,9 +1,11 @@
 """The SDK objects a coalesced call returns: its own answer and its usage share.
 
-A non-streamed caller gets a genuine ``ChatCompletion`` / ``Message`` once its group's
-reply is complete; a streamed one a :class:`~coalesce._wrap.stream.CoalescedStream` of
-the SDK's own chunks as soon as its answer is, its usage share with the last event.
-The SDKs are imported only here, when a response is built.
+A non-streamed caller gets a genuine ``ChatCompletion`` / ``Message`` (``BetaMessage``
+for ``beta.messages.create``) once its group's reply is complete; a streamed one a
+:class:`~coalesce._wrap.stream.CoalescedStream` of the SDK's own chunks as soon as its
+answer is, its usage share with the last event. A call that forced a tool gets a tool
+call of its own: its own id (``call_...``, ``toolu_...``), the tool's name, its own
+answer as the arguments. The SDKs are imported only here, when a response is built.
 """
 
 from __future__ import annotations
@@ -34,11 +36,29 @@ def _text(answer: Answer) -> str:
     return answer.value if answer.call.output_schema is None else _dumps(answer.value)
 
 
+def _tool_id(prefix: str) -> str:
+    """A new tool call's id, shaped like the provider's own (24 characters after the
+    prefix): each caller's tool call is its own."""
+    return f"{prefix}{uuid.uuid4().hex[:24]}"
+
+
+def _openai_message(answer: Answer) -> tuple[dict[str, Any], str]:
+    """The ``message`` of one answered item and its ``finish_reason``."""
+    tool = answer.call.tool
+    if tool is None:
+        return {"role": "assistant", "content": _text(answer), "refusal": None}, "stop"
+    function = {"name": tool, "arguments": _dumps(answer.value)}
+    call = {"id": _tool_id("call_"), "type": "function", "function": function}
+    message = {"role": "assistant", "content": None, "refusal": None, "tool_calls": [call]}
+    return message, "tool_calls"
+
+
 def openai_response(answer: Answer) -> Any:
     """The ``ChatCompletion`` of one answered item."""
     from openai.types.chat import ChatCompletion
 
     share = answer.share
+    message, finish = _openai_message(answer)
     reply = dict(share.reply)
     usage = _usage_dict(share, ("prompt_tokens", "completion_tokens"))
     usage["total_tokens"] = share.prompt_tokens + share.completion_tokens
@@ -52,8 +72,8 @@ def openai_response(answer: Answer) -> Any:
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": _text(answer), "refusal": None},
-                    "finish_reason": "stop",
+                    "message": message,
+                    "finish_reason": finish,
                     "logprobs": None,
                 }
             ],
@@ -62,10 +82,10 @@ def openai_response(answer: Answer) -> Any:
     )
 
 
-def _anthropic_block(answer: Answer, base: str) -> dict[str, Any]:
+def _anthropic_block(answer: Answer) -> dict[str, Any]:
     tool = answer.call.tool
     if tool is not None:
-        return {"type": "tool_use", "id": f"toolu_{base}", "name": tool, "input": answer.value}
+        return {"type": "tool_use", "id": _tool_id("toolu_"), "name": tool, "input": answer.value}
     return {"type": "text", "text": _text(answer)}
 
 
@@ -73,20 +93,21 @@ def _stop_reason(answer: Answer) -> str:
     return "tool_use" if answer.call.tool is not None else "end_turn"
 
 
-def anthropic_response(answer: Answer) -> Any:
-    """The ``Message`` of one answered item."""
+def anthropic_response(answer: Answer, *, beta: bool = False) -> Any:
+    """The ``Message`` of one answered item (``BetaMessage`` with ``beta``)."""
     from anthropic.types import Message
+    from anthropic.types.beta import BetaMessage
 
     share = answer.share
     reply = dict(share.reply)
     base = f"{reply.get('id', 'msg_coalesce')}_{share.reply_id}"
-    return Message.model_validate(
+    return (BetaMessage if beta else Message).model_validate(
         {
             "id": base,
             "type": "message",
             "role": "assistant",
             "model": reply.get("model") or answer.call.model,
-            "content": [_anthropic_block(answer, base)],
+            "content": [_anthropic_block(answer)],
             "stop_reason": _stop_reason(answer),
             "stop_sequence": None,
             "usage": _usage_dict(share, ("input_tokens", "output_tokens")),
@@ -115,14 +136,17 @@ def openai_stream(answer: Answer) -> CoalescedStream[Any]:
         "created": int(time.time()),
         "model": answer.call.model,
     }
-    include_usage = answer.call.include_usage
-    chunks = openai_chunks(_text(answer), reply, include_usage=include_usage, usage=_share(answer))
+    message, finish = _openai_message(answer)
+    chunks = openai_chunks(
+        message, finish, reply, include_usage=answer.call.include_usage, usage=_share(answer)
+    )
     return CoalescedStream(chunks)
 
 
-def anthropic_stream(answer: Answer) -> CoalescedStream[Any]:
-    """The events of one answered item, as soon as its output is complete."""
+def anthropic_stream(answer: Answer, *, beta: bool = False) -> CoalescedStream[Any]:
+    """The events of one answered item, as soon as its output is complete
+    (``BetaRawMessageStreamEvent`` objects with ``beta``)."""
     base = f"msg_coalesce_{uuid.uuid4().hex}"
     message = {"id": base, "model": answer.call.model, "stop_reason": _stop_reason(answer)}
-    block = _anthropic_block(answer, base)
-    return CoalescedStream(anthropic_events(block, message, usage=_share(answer)))
+    block = _anthropic_block(answer)
+    return CoalescedStream(anthropic_events(block, message, usage=_share(answer), beta=beta))

@@ -59,15 +59,23 @@ class CoalescedStream(Generic[T]):
 
 
 async def openai_chunks(
-    text: str, reply: Mapping[str, Any], *, include_usage: bool, usage: Usage
+    message: Mapping[str, Any],
+    finish: str,
+    reply: Mapping[str, Any],
+    *,
+    include_usage: bool,
+    usage: Usage,
 ) -> AsyncGenerator[Any, None]:
     """``ChatCompletionChunk`` objects of one answer, shaped like OpenAI's stream.
 
-    The role, the content, the finish reason; then, with ``include_usage``, a chunk with
-    no choices and the item's usage share (every earlier chunk has ``usage=None``).
+    The role, the content (or, for a tool call, its id and name, then its arguments),
+    the finish reason; then, with ``include_usage``, a chunk with no choices and the
+    item's usage share (every earlier chunk has ``usage=None``).
 
     Args:
-        text: The item's answer (JSON text when the call asked for a schema).
+        message: The answer's complete ``message``: its ``content`` (JSON text when the
+            call asked for a schema), or its one ``tool_calls`` entry.
+        finish: Its ``finish_reason`` (``"stop"``, ``"tool_calls"``).
         reply: ``id``, ``created``, ``model`` (and ``system_fingerprint``,
             ``service_tier``) of the chunks.
         include_usage: The call's ``stream_options={"include_usage": True}``.
@@ -75,15 +83,15 @@ async def openai_chunks(
     """
     from openai.types.chat import ChatCompletionChunk
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> Any:
+    def chunk(delta: Mapping[str, Any], finish: str | None = None) -> Any:
         choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
         return ChatCompletionChunk.model_validate(
             {**reply, "object": "chat.completion.chunk", "choices": [choice], "usage": None}
         )
 
-    yield chunk({"role": "assistant", "content": "", "refusal": None})
-    yield chunk({"content": text})
-    yield chunk({}, "stop")
+    for delta in _deltas(message):
+        yield chunk(delta)
+    yield chunk({}, finish)
     if include_usage:
         prompt, completion = await usage()
         yield ChatCompletionChunk.model_validate(
@@ -100,8 +108,25 @@ async def openai_chunks(
         )
 
 
+def _deltas(message: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The deltas OpenAI streams for ``message``: the role (with a tool call's id, type
+    and name, its arguments still empty), then the content or the arguments."""
+    calls = message.get("tool_calls")
+    if not calls:
+        opened = {"role": "assistant", "content": "", "refusal": None}
+        return [opened, {"content": message["content"]}]
+    (call,) = calls
+    function = call["function"]
+    head = {**call, "index": 0, "function": {"name": function["name"], "arguments": ""}}
+    rest = {"index": 0, "function": {"arguments": function["arguments"]}}
+    return [
+        {"role": "assistant", "content": None, "refusal": None, "tool_calls": [head]},
+        {"tool_calls": [rest]},
+    ]
+
+
 async def anthropic_events(
-    block: Mapping[str, Any], message: Mapping[str, Any], *, usage: Usage
+    block: Mapping[str, Any], message: Mapping[str, Any], *, usage: Usage, beta: bool = False
 ) -> AsyncGenerator[Any, None]:
     """``RawMessageStreamEvent`` objects of one answer, shaped like Anthropic's stream.
 
@@ -114,13 +139,16 @@ async def anthropic_events(
         block: The content block of the answer (``text`` or ``tool_use``), complete.
         message: ``id``, ``model`` and ``stop_reason`` of the message.
         usage: Waits for the item's token share.
+        beta: Yield ``BetaRawMessageStreamEvent`` objects (``beta.messages.create``).
     """
     import json
 
     import pydantic
     from anthropic.types import RawMessageStreamEvent
+    from anthropic.types.beta import BetaRawMessageStreamEvent
 
-    adapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(RawMessageStreamEvent)
+    event: Any = BetaRawMessageStreamEvent if beta else RawMessageStreamEvent
+    adapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(event)
     start = {
         "id": message["id"],
         "type": "message",

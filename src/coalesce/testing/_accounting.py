@@ -15,8 +15,8 @@ class RequestRecord:
     """What the simulated provider saw and did for one request.
 
     Attributes:
-        api: ``"openai.chat"``, ``"anthropic.messages"``, ``"openai.batch"`` or
-            ``"anthropic.batch"`` (one record per line of a batch).
+        api: ``"openai.chat"``, ``"openai.responses"``, ``"anthropic.messages"``,
+            ``"openai.batch"`` or ``"anthropic.batch"`` (one record per line of a batch).
         model: The requested model.
         api_key: The bearer token or ``x-api-key`` (``""`` if none).
         items: Items in the request: the packed items, or 1.
@@ -34,9 +34,9 @@ class RequestRecord:
         cache_write_tokens: Of ``prompt_tokens``, those written to the prompt cache
             (Anthropic ``cache_creation_input_tokens``; always 0 on OpenAI, which
             does not bill writes).
-        service_tier: The service tier the reply states (OpenAI Chat Completions:
-            ``"default"``, ``"flex"`` or ``"priority"``); ``None`` for Anthropic and
-            batch lines. A flex request refused for capacity has status 429, this
+        service_tier: The service tier the reply states (OpenAI Chat Completions and
+            Responses: ``"default"``, ``"flex"`` or ``"priority"``); ``None`` for
+            Anthropic and batch lines. A flex request refused for capacity has status 429, this
             tier and the fault ``"resource_unavailable"``.
         degraded: Of ``items``, the answers a :class:`PackingDegradation` made wrong
             (0 for a plain request, and for an answer not sent).

@@ -24,6 +24,7 @@ async def root(call: Call) -> None:
             "time_scale": call.sim.time_scale,
             "apis": [
                 "/v1/chat/completions",
+                "/v1/responses",
                 "/v1/files",
                 "/v1/batches",
                 "/v1/messages",

@@ -34,6 +34,23 @@ def _forced_tool(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
+def _output_schema(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The schema of structured outputs: ``output_config.format`` (or the beta's
+    ``output_format``) of type ``json_schema``, or ``None``."""
+    config = body.get("output_config")
+    fmt = config.get("format") if isinstance(config, Mapping) else None
+    if fmt is None:
+        fmt = body.get("output_format")
+    if not isinstance(fmt, Mapping):
+        return None
+    if fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), Mapping):
+        raise HttpError(
+            400, "output_config.format must be {'type': 'json_schema', 'schema': {...}}"
+        )
+    schema: Mapping[str, Any] = fmt["schema"]
+    return schema
+
+
 class AnthropicFlavour:
     """``POST /v1/messages``."""
 
@@ -44,15 +61,18 @@ class AnthropicFlavour:
     def parse(self, body: Mapping[str, Any]) -> Prompt:
         """Return the prompt of a Messages request.
 
-        The system prompt counts as prompt text, and a forced tool's ``input_schema``
-        is the schema of the answer; ``cache_control`` marks cache breakpoints.
+        The system prompt counts as prompt text; a forced tool's ``input_schema``
+        (``tool_choice`` ``tool``, or ``any``: the first tool) is the schema of the
+        answer, else the structured outputs' ``output_config.format`` schema, answered
+        as JSON text; ``cache_control`` marks cache breakpoints.
 
         Args:
             body: The request body.
 
         Raises:
             HttpError: ``model``, ``max_tokens`` (required here) or ``messages`` is
-                missing or malformed, ``tool_choice`` names an unknown tool, or a
+                missing or malformed, ``tool_choice`` names an unknown tool,
+                ``output_config.format`` is not a JSON schema format, or a
                 ``cache_control`` is invalid (or there are more than four).
         """
         model = require_str(body, "model")
@@ -66,6 +86,10 @@ class AnthropicFlavour:
         schema = tool.get("input_schema") if tool is not None else None
         if isinstance(body.get("tools"), list):
             texts.append(json.dumps([without_cache_control(t) for t in body["tools"]]))
+        output = _output_schema(body)
+        if output is not None:
+            texts.append(json.dumps(output))
+            schema = schema if tool is not None else output
         return Prompt(
             model=model,
             texts=tuple(texts),

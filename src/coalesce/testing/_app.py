@@ -18,7 +18,7 @@ from ._batch_routes import (
     upload_file,
 )
 from ._flavour import Flavour, send_error
-from ._generate import chat_completions, messages
+from ._generate import chat_completions, messages, responses
 from ._message_batch_routes import (
     cancel_message_batch,
     create_message_batch,
@@ -34,6 +34,7 @@ __all__ = ["flavour_of", "handle"]
 _TABLE: list[tuple[str, str, Handler]] = [
     ("GET", r"/", root),
     ("POST", r"/v1/chat/completions", chat_completions),
+    ("POST", r"/v1/responses", responses),
     ("POST", r"/v1/messages", messages),
     ("GET", r"/_sim/stats", stats),
     ("POST", r"/_sim/reset", reset),

@@ -56,7 +56,7 @@ def refusal(api: str, window: int, tokens_in: int, max_tokens: int | None) -> st
     """Return the provider's message refusing a request too long for ``window``, or ``None``.
 
     Args:
-        api: ``"openai.chat"`` or ``"anthropic.messages"``.
+        api: ``"openai.chat"``, ``"openai.responses"`` or ``"anthropic.messages"``.
         window: The model's context window.
         tokens_in: The prompt's tokens.
         max_tokens: The completion limit the request asked for, if any.

@@ -59,7 +59,11 @@ class Prompt:
         user_parts: The text blocks of the last user message.
         schema: The schema the answer must follow, if any.
         json_mode: The answer must be JSON (OpenAI ``json_object``).
-        tool: The forced tool whose input is the answer (Anthropic), if any.
+        described: With ``json_mode`` and no ``schema``: the schema the prompt's text
+            spells out, which the answer follows (written as the model writes JSON it
+            was only told about, with spaces).
+        tool: The forced tool whose input (Anthropic) or arguments (OpenAI) are the
+            answer, if any.
         max_tokens: The completion token limit, if any.
         stream: Whether the answer is streamed.
         messages: How many messages the prompt has.
@@ -72,6 +76,7 @@ class Prompt:
     schema: Mapping[str, Any] | None = None
     json_mode: bool = False
     tool: str | None = None
+    described: Mapping[str, Any] | None = None
     max_tokens: int | None = None
     stream: bool = False
     messages: int = 1
@@ -134,14 +139,32 @@ def prompt_tokens(prompt: Prompt, count: Counter) -> int:
     return sum(count(text) for text in prompt.texts) + 3 * prompt.messages + 3
 
 
+def _shaping_schema(prompt: Prompt) -> Mapping[str, Any] | None:
+    """The schema the answer follows: the request's own, else the one its text describes.
+
+    Args:
+        prompt: The parsed request.
+    """
+    return prompt.schema if prompt.schema is not None else prompt.described
+
+
+def _item_schema(prompt: Prompt) -> dict[str, Any] | None:
+    """The schema of one packed item's output: from the reply schema, or (a described
+    schema that is not a whole reply's) the described schema itself."""
+    if prompt.schema is not None:
+        return item_output_schema(prompt.schema)
+    if prompt.described is not None:
+        return item_output_schema(prompt.described) or dict(prompt.described)
+    return None
+
+
 def _packed_results(
     items: list[PackedItem],
-    schema: Mapping[str, Any] | None,
+    item_schema: Mapping[str, Any] | None,
     lengths: OutputTokens,
     degradation: PackingDegradation | None,
 ) -> tuple[list[dict[str, Any]], int]:
     """Each item's answer, and how many of them ``degradation`` made wrong."""
-    item_schema = item_output_schema(schema) if schema is not None else None
     results = [
         {
             "id": item.id,
@@ -179,12 +202,14 @@ def _single_value(prompt: Prompt, lengths: OutputTokens) -> Any:
         # An item sent as JSON (a plain call of one structured item) is that value.
         with contextlib.suppress(ValueError):
             question = json.loads(question)
-    inner = _answer_schema(prompt.schema)
+    schema = _shaping_schema(prompt)
+    inner = _answer_schema(schema)
     if inner is not None:  # a scalar asked for as {"answer": ...}: the same answer, wrapped
         tokens = target_tokens(lengths, question)
         return {"answer": expected_output(question, inner, output_tokens=tokens)}
-    value = expected_output(question, prompt.schema, output_tokens=target_tokens(lengths, question))
-    if prompt.schema is None and (prompt.json_mode or prompt.tool is not None):
+    value = expected_output(question, schema, output_tokens=target_tokens(lengths, question))
+    unshaped = prompt.schema is None and not isinstance(value, dict)
+    if unshaped and (prompt.json_mode or prompt.tool is not None):
         return {"output": value}
     return value
 
@@ -268,9 +293,9 @@ def compose(
     value: Any
     degraded = 0
     if items is not None:
-        results, degraded = _packed_results(items, prompt.schema, lengths, degradation)
+        item_schema = _item_schema(prompt)
+        results, degraded = _packed_results(items, item_schema, lengths, degradation)
         if faults & ITEM_FAULTS:
-            item_schema = item_output_schema(prompt.schema) if prompt.schema else None
             results, applied = damage_results(results, faults, rng, item_schema)
         keyed = keyed_reply(prompt.schema, prompt.texts)
         text, value = _write_results(results, keyed, compact)

@@ -1,4 +1,5 @@
-"""The generation endpoints: ``POST /v1/chat/completions`` and ``POST /v1/messages``.
+"""The generation endpoints: ``POST /v1/chat/completions``, ``/v1/responses`` and
+``/v1/messages``.
 
 One request goes through :func:`generate` in four steps: admit it (parse, count,
 charge the rate limit), refuse it if over the limit, fail it if a fault says so, and
@@ -25,9 +26,10 @@ from ._flavour import Flavour, StreamEvent, error_body, fault_error, send_error
 from ._latency import Delays, compute_delays, pace
 from ._openai import OPENAI, reply_tier
 from ._ratelimit import RateDecision, retry_headers
+from ._responses import RESPONSES
 from ._routing import Call, Simulation
 
-__all__ = ["chat_completions", "compose_answer", "generate", "messages"]
+__all__ = ["chat_completions", "compose_answer", "generate", "messages", "responses"]
 
 #: Faults that break the connection rather than the answer.
 _CONNECTION_FAULTS = frozenset({Fault.HANG, Fault.DISCONNECT})
@@ -36,6 +38,11 @@ _CONNECTION_FAULTS = frozenset({Fault.HANG, Fault.DISCONNECT})
 async def chat_completions(call: Call) -> None:
     """``POST /v1/chat/completions``."""
     await generate(call, OPENAI)
+
+
+async def responses(call: Call) -> None:
+    """``POST /v1/responses``."""
+    await generate(call, RESPONSES)
 
 
 async def messages(call: Call) -> None:
@@ -92,7 +99,7 @@ class _Turn:
 
 
 async def generate(call: Call, flavour: Flavour) -> None:
-    """Answer one Chat Completions or Messages request.
+    """Answer one Chat Completions, Responses or Messages request.
 
     Args:
         call: The request.
@@ -141,8 +148,13 @@ def _admit(call: Call, flavour: Flavour) -> tuple[_Turn, RateDecision | None]:
         flavour.request_id_header: f"req_{ctx.id}",
         **(flavour.rate_headers(decision, sim.clock.unix(started)) if decision else {}),
     }
-    tier = reply_tier(body) if flavour is OPENAI else None
+    tier = reply_tier(body) if _is_openai(flavour) else None
     return _Turn(call, flavour, prompt, started, tokens_in, clean, ctx, headers, tier), decision
+
+
+def _is_openai(flavour: Flavour) -> bool:
+    """Chat Completions or Responses: service tiers, OpenAI's error codes."""
+    return flavour.api.startswith("openai.")
 
 
 def _refusal(sim: Simulation, flavour: Flavour, prompt: Prompt, tokens_in: int) -> str | None:
@@ -157,7 +169,7 @@ async def _too_long(turn: _Turn) -> None:
     """Answer ``400``: the prompt and its completion limit exceed the context window."""
     message = _refusal(turn.call.sim, turn.flavour, turn.prompt, turn.tokens_in) or ""
     body = error_body(turn.flavour, 400, message)
-    if turn.flavour is OPENAI:
+    if _is_openai(turn.flavour):
         body["error"]["code"] = "context_length_exceeded"
     turn.record(400, None, frozenset())
     await send_json(turn.call.send, 400, body, turn.headers)

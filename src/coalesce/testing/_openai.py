@@ -1,4 +1,9 @@
-"""The OpenAI Chat Completions flavour: parse a request, render answers and errors."""
+"""The OpenAI Chat Completions flavour: parse a request, render answers and errors.
+
+A forced function tool is answered as a tool call (``finish_reason`` ``"tool_calls"``),
+its arguments the answer to the tool's ``parameters``; streamed, as the SDK's
+``tool_calls`` deltas.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from ._engine import Answer, Prompt, ReplyContext
 from ._fields import conversation, max_tokens, require_messages, require_str
 from ._flavour import StreamEvent
 from ._ratelimit import RateDecision, openai_headers
+from ._tools import described_schema, forced_function
 
 __all__ = ["OPENAI", "OpenAIFlavour", "reply_tier"]
 
@@ -26,15 +32,18 @@ class OpenAIFlavour:
         """Return the prompt of a Chat Completions request.
 
         ``response_format`` gives the schema of the answer (``json_schema``) or asks
-        for any JSON (``json_object``); ``max_completion_tokens`` wins over the older
-        ``max_tokens``; ``prompt_cache_key`` scopes the prompt cache.
+        for any JSON (``json_object``: the schema the messages spell out, if any); a
+        forced function tool's ``parameters`` are the schema of its arguments, the
+        answer; ``max_completion_tokens`` wins over the older ``max_tokens``;
+        ``prompt_cache_key`` scopes the prompt cache.
 
         Args:
             body: The request body.
 
         Raises:
             HttpError: ``model`` or ``messages`` is missing or malformed, a token
-                limit is not a positive integer, or ``prompt_cache_key`` not a string.
+                limit is not a positive integer, ``prompt_cache_key`` not a string,
+                or ``tool_choice`` names a function not in ``tools``.
         """
         model = require_str(body, "model")
         messages = require_messages(body)
@@ -42,12 +51,22 @@ class OpenAIFlavour:
         schema, json_mode = self._response_format(body.get("response_format"))
         if schema is not None:
             texts.append(json.dumps(schema))
+        described = None
+        if json_mode and schema is None:
+            described = described_schema(texts, user_parts)
+        tool = forced_function(body, nested=True)
+        if tool is not None:
+            schema = tool.schema
+        if isinstance(body.get("tools"), list):
+            texts.append(json.dumps(body["tools"]))
         return Prompt(
             model=model,
             texts=tuple(texts),
             user_parts=tuple(user_parts),
             schema=schema,
             json_mode=json_mode,
+            described=described if tool is None else None,
+            tool=tool.name if tool is not None else None,
             max_tokens=max_tokens(body, "max_completion_tokens", "max_tokens"),
             stream=bool(body.get("stream")),
             messages=len(messages),
@@ -67,6 +86,9 @@ class OpenAIFlavour:
     def render(self, answer: Answer, ctx: ReplyContext) -> dict[str, Any]:
         """Return the non-streamed completion object."""
         id, created, model = ctx.id, ctx.created, ctx.prompt.model
+        message: dict[str, Any] = {"role": "assistant", "content": answer.text, "refusal": None}
+        if _calls_tool(answer, ctx):
+            message.update(content=None, tool_calls=[_tool_call(ctx, answer.text)])
         return {
             "id": id,
             "object": "chat.completion",
@@ -75,9 +97,9 @@ class OpenAIFlavour:
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": answer.text, "refusal": None},
+                    "message": message,
                     "logprobs": None,
-                    "finish_reason": "length" if answer.truncated else "stop",
+                    "finish_reason": _finish_reason(answer, ctx),
                 }
             ],
             "usage": _usage(ctx, answer),
@@ -107,9 +129,16 @@ class OpenAIFlavour:
                 data["usage"] = None
             return data
 
-        events: list[StreamEvent] = [(None, chunk({"role": "assistant", "content": ""}), 0)]
-        events += [(None, chunk({"content": piece}), len(piece)) for piece in pieces]
-        events.append((None, chunk({}, "length" if answer.truncated else "stop"), 0))
+        events: list[StreamEvent]
+        if _calls_tool(answer, ctx):
+            call = {"index": 0, **_tool_call(ctx, "")}
+            first = {"role": "assistant", "content": None, "tool_calls": [call]}
+            events = [(None, chunk(first), 0)]
+            events += [(None, chunk(_arguments_delta(piece)), len(piece)) for piece in pieces]
+        else:
+            events = [(None, chunk({"role": "assistant", "content": ""}), 0)]
+            events += [(None, chunk({"content": piece}), len(piece)) for piece in pieces]
+        events.append((None, chunk({}, _finish_reason(answer, ctx)), 0))
         if with_usage:
             final = {
                 **chunk({}),
@@ -157,6 +186,30 @@ def reply_tier(body: Mapping[str, Any]) -> str:
     """
     tier = body.get("service_tier")
     return tier if tier in ("flex", "priority") else "default"
+
+
+def _calls_tool(answer: Answer, ctx: ReplyContext) -> bool:
+    """The answer is a tool call: a tool was forced, and no fault turned it into prose."""
+    return ctx.prompt.tool is not None and answer.tool_input is not None
+
+
+def _finish_reason(answer: Answer, ctx: ReplyContext) -> str:
+    if answer.truncated:
+        return "length"
+    return "tool_calls" if _calls_tool(answer, ctx) else "stop"
+
+
+def _tool_call(ctx: ReplyContext, arguments: str) -> dict[str, Any]:
+    """The reply's tool call: its id is the response's own (``call_sim000001``)."""
+    return {
+        "id": "call_" + ctx.id.split("-", 1)[-1],
+        "type": "function",
+        "function": {"name": ctx.prompt.tool, "arguments": arguments},
+    }
+
+
+def _arguments_delta(piece: str) -> dict[str, Any]:
+    return {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
 
 
 def _usage(ctx: ReplyContext, answer: Answer) -> dict[str, Any]:

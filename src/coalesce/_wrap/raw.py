@@ -1,0 +1,197 @@
+"""Raw responses of coalesced calls, built the SDK's way; a caller's own time limit.
+
+``client.chat.completions.with_raw_response.create(...)`` (and
+``with_streaming_response``, on the client or on the resource) is the SDK's wrapper
+around the resource's ``create``: it adds the ``X-Stainless-Raw-Response`` header and
+expects the SDK's raw-response object back. A coalesced call's reply becomes such an
+object (:func:`raw_response`): the SDK's own ``LegacyAPIResponse`` / ``AsyncAPIResponse``
+around a synthetic ``httpx2`` response whose body is the reply's JSON (a streamed
+call's body is its server-sent events), so ``.parse()``, ``.headers``, ``.json()``,
+``.iter_lines()`` and ``http_response`` behave as the SDK's.
+
+A call's ``timeout=`` (else its client's ``timeout``) is that caller's own limit
+(:func:`call_limit`; its translator reads ``timeout=`` into the call); past it the caller gets the SDK's own ``APITimeoutError``
+(:func:`timeout_error`), and the request runs on for the others.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import math
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from typing import Any
+
+from .registry import Endpoint
+
+__all__ = ["RAW_HEADER", "call_limit", "raw_mode", "raw_response", "seconds", "timeout_error"]
+
+#: The header the SDKs' raw-response wrappers add to a call: ``"true"`` (openai's
+#: ``with_raw_response``), ``"raw"`` (anthropic's), ``"stream"`` (``with_streaming_response``).
+RAW_HEADER = "x-stainless-raw-response"
+#: Where each SDK reads a response's request id.
+_REQUEST_ID = {"openai": "x-request-id", "anthropic": "request-id"}
+
+
+def raw_mode(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """``kwargs`` without the SDK's raw-response header, and that header's value
+    (``None``: the caller asked for the parsed object).
+
+    Args:
+        kwargs: Keyword arguments of an SDK method.
+    """
+    headers = kwargs.get("extra_headers")
+    if not isinstance(headers, Mapping):
+        return dict(kwargs), None
+    ours = [name for name in headers if isinstance(name, str) and name.lower() == RAW_HEADER]
+    if not ours:
+        return dict(kwargs), None
+    cleaned = dict(kwargs)
+    rest = {name: value for name, value in headers.items() if name not in ours}
+    if rest:
+        cleaned["extra_headers"] = rest
+    else:
+        del cleaned["extra_headers"]
+    return cleaned, str(headers[ours[-1]])
+
+
+def seconds(timeout: Any) -> float | None:
+    """An SDK ``timeout`` as the seconds a caller waits: a number as it is, a
+    ``Timeout`` object by its ``read`` limit (the wait for the answer), ``None`` (or
+    anything else, or no finite limit) for none."""
+    if not isinstance(timeout, (int, float)):
+        timeout = getattr(timeout, "read", None)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        return None
+    return max(float(timeout), 0.0) if math.isfinite(timeout) else None
+
+
+def call_limit(given: Mapping[str, Any], own: float | None, default: Any) -> float | None:
+    """The seconds a coalesced caller waits at most: its own ``timeout=`` (``own``, as
+    its translator read it), none for ``timeout=None`` (as the SDK), else its client's
+    ``timeout`` (``default``).
+
+    Args:
+        given: The call's keyword arguments, the SDK's "not given" sentinels left out.
+        own: The call's ``timeout=`` in seconds, if it gave a number.
+        default: The client's ``timeout``.
+    """
+    if own is not None:
+        return own
+    return None if "timeout" in given else seconds(default)
+
+
+def timeout_error(sdk: str, url: str) -> Exception:
+    """The SDK's own ``APITimeoutError`` for a call to ``url``."""
+    import httpx2
+
+    module = importlib.import_module(sdk)
+    return module.APITimeoutError(request=httpx2.Request("POST", url))  # type: ignore[no-any-return]
+
+
+def _url(client: Any, endpoint: Endpoint) -> str:
+    return str(client.base_url).rstrip("/") + endpoint.url
+
+
+def _json_body(reply: Any) -> bytes:
+    # A parsed reply's ``parsed`` field is typed by a type variable: pydantic warns.
+    return str(reply.to_json(indent=None, warnings=False)).encode()
+
+
+async def _events(stream: Any) -> AsyncGenerator[bytes, None]:
+    """``stream``'s events as server-sent events. No ``[DONE]`` line at the end: the
+    SDK's stream stops at the end of the body all the same, and, reading to the end,
+    leaves no generator of its own unfinished."""
+    try:
+        async for event in stream:
+            kind = getattr(event, "type", None)
+            head = f"event: {kind}\n" if isinstance(kind, str) else ""
+            yield f"{head}data: {event.to_json(indent=None, warnings=False)}\n\n".encode()
+    finally:
+        await stream.close()
+
+
+def _response(request: Any, reply: Any, stream: bool, headers: dict[str, str]) -> Any:
+    """The synthetic ``httpx2.Response`` of one reply, as if read from the server."""
+    import httpx2
+
+    if not stream:
+        headers["content-type"] = "application/json"
+        return httpx2.Response(200, headers=headers, content=_json_body(reply), request=request)
+
+    class Body(httpx2.AsyncByteStream):
+        def __init__(self) -> None:
+            self.events = _events(reply)
+
+        def __aiter__(self) -> AsyncIterator[bytes]:
+            return self.events
+
+        async def aclose(self) -> None:
+            await self.events.aclose()
+
+    headers["content-type"] = "text/event-stream"
+    return httpx2.Response(200, headers=headers, stream=Body(), request=request)
+
+
+def _type(path: str) -> Any:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def raw_response(
+    client: Any,
+    sdk: str,
+    mode: str,
+    reply: Any,
+    endpoint: Endpoint,
+    *,
+    stream: bool = False,
+    parsed: bool = False,
+    waited: float = 0.0,
+    reply_id: str | None = None,
+) -> Any:
+    """The SDK's raw-response object for a coalesced ``reply``.
+
+    Args:
+        client: The wrapped client (the response's ``parse()`` goes through it).
+        sdk: ``"openai"`` or ``"anthropic"``.
+        mode: The raw-response header's value (see :data:`RAW_HEADER`).
+        reply: What the call returns without ``with_raw_response``: the SDK's object,
+            or a stream of its events.
+        stream: The call asked for a stream (``stream=True``).
+        endpoint: Where the method posts, and its stream's event type.
+        parsed: A ``parse()`` method: ``.parse()`` gives ``reply`` itself, as the SDK's
+            own ``parse`` post-processes its reply.
+        waited: Seconds the caller waited (the response's ``elapsed``).
+        reply_id: The id of the packed reply that carried the call, if known.
+    """
+    import httpx2
+
+    module = importlib.import_module(sdk)
+    request = httpx2.Request("POST", _url(client, endpoint), headers={RAW_HEADER: mode})
+    own_id = getattr(reply, "id", None) if not stream else None
+    headers = {_REQUEST_ID[sdk]: str(own_id or f"req_{uuid.uuid4().hex}"), "x-coalesce": "on"}
+    if reply_id:
+        headers["x-coalesce-reply-id"] = reply_id
+    response = _response(request, reply, stream, headers)
+    response.elapsed = datetime.timedelta(seconds=waited)
+    events = _type(endpoint.events)
+    options = importlib.import_module(f"{sdk}._models").FinalRequestOptions.construct(
+        method="post",
+        url=endpoint.url,
+        headers={RAW_HEADER: mode},
+        post_parser=(lambda _: reply) if parsed else module.NOT_GIVEN,
+    )
+    # openai's with_raw_response gives its LegacyAPIResponse; the rest AsyncAPIResponse.
+    legacy = mode == "true"
+    home = importlib.import_module(f"{sdk}._legacy_response" if legacy else f"{sdk}._response")
+    kind = home.LegacyAPIResponse if legacy else home.AsyncAPIResponse
+    return kind(
+        raw=response,
+        cast_to=events if stream else type(reply),
+        client=client,
+        stream=stream,
+        stream_cls=module.AsyncStream[events] if stream else None,
+        options=options,
+    )
