@@ -1,0 +1,51 @@
+"""The fixtures of the framework tests: the simulator over HTTP and the wrapped clients.
+
+The task and the checks they share are in ``_integration.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+from _integration import CALLS
+
+import coalesce
+from coalesce.testing import SimulatedProvider
+
+
+@pytest.fixture
+def anyio_backend(real_time_backend: Any) -> Any:
+    return real_time_backend
+
+
+@pytest.fixture
+def sim() -> SimulatedProvider:
+    return SimulatedProvider()
+
+
+@pytest.fixture
+def url(sim: SimulatedProvider) -> Iterator[str]:
+    with sim.serve() as base_url:
+        yield base_url
+
+
+@pytest.fixture
+async def openai_client(sim: SimulatedProvider, url: str) -> AsyncIterator[openai.AsyncOpenAI]:
+    """An ``AsyncOpenAI`` on the simulator, wrapped as a user would wrap it."""
+    raw = sim.openai_client(url)
+    async with coalesce.wrap(raw, latency_budget=2.0, max_items=CALLS // 2) as client:
+        yield client
+
+
+@pytest.fixture
+async def anthropic_client(
+    sim: SimulatedProvider, url: str
+) -> AsyncIterator[anthropic.AsyncAnthropic]:
+    """An ``AsyncAnthropic`` on the simulator, wrapped as a user would wrap it."""
+    raw = sim.anthropic_client(url)
+    async with coalesce.wrap(raw, latency_budget=2.0, max_items=CALLS // 2) as client:
+        yield client
