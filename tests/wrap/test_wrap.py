@@ -11,6 +11,7 @@ import anthropic
 import anyio
 import openai
 import pytest
+from _wrapping import SCHEMA, SYSTEM, TEXT, chat, gather, msg
 from anthropic.types import Message
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
@@ -22,36 +23,6 @@ from coalesce._wrap.headers import HEADERS, CallHeaders, coalesce_headers
 from coalesce._wrap.openai_chat import openai_create_call
 from coalesce._wrap.registry import TRANSLATORS
 from coalesce.testing import FaultPlan, SimulatedProvider
-
-TEXT = {"type": "string"}
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "label": {"type": "string", "enum": ["spam", "ham"]},
-        "score": {"type": "integer"},
-    },
-    "required": ["label", "score"],
-    "additionalProperties": False,
-}
-SYSTEM = {"role": "system", "content": "Answer briefly."}
-
-
-def chat(text: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "model": "gpt-4o-mini",
-        "messages": [SYSTEM, {"role": "user", "content": text}],
-        **extra,
-    }
-
-
-def msg(text: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "model": "claude-3-5-haiku",
-        "max_tokens": 200,
-        "messages": [{"role": "user", "content": text}],
-        **extra,
-    }
-
 
 # -- pure decisions -------------------------------------------------------------------
 
@@ -356,18 +327,6 @@ async def test_timeout_frees_the_callers_of_a_provider_that_never_answers() -> N
 
 
 # -- in process, virtual time ---------------------------------------------------------
-
-
-async def gather(n: int, call: Any) -> list[Any]:
-    out: list[Any] = [None] * n
-
-    async def one(i: int) -> None:
-        out[i] = await call(i)
-
-    async with anyio.create_task_group() as tg:
-        for i in range(n):
-            tg.start_soon(one, i)
-    return out
 
 
 @pytest.mark.anyio

@@ -9,13 +9,12 @@ official SDKs against the simulated provider in process, on virtual time."""
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
-import anyio
 import httpx2
 import openai
 import pytest
+from _wrapping import SCHEMA, SYSTEM, TEXT, chat, gather, msg
 from anthropic.types.beta import BetaMessage
 from openai.types.chat import ChatCompletion
 
@@ -29,36 +28,7 @@ from coalesce._wrap.call import split_transport
 from coalesce._wrap.openai_chat import openai_create_call
 from coalesce.testing import SimulatedProvider
 
-T = TypeVar("T")
-TEXT = {"type": "string"}
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "label": {"type": "string", "enum": ["spam", "ham"]},
-        "score": {"type": "integer"},
-    },
-    "required": ["label", "score"],
-    "additionalProperties": False,
-}
-SYSTEM = {"role": "system", "content": "Answer briefly."}
 FRAMEWORK = {"User-Agent": "framework/1.0", "x-trace": "abc"}
-
-
-def chat(text: Any, **extra: Any) -> dict[str, Any]:
-    return {
-        "model": "gpt-4o-mini",
-        "messages": [SYSTEM, {"role": "user", "content": text}],
-        **extra,
-    }
-
-
-def msg(text: Any, **extra: Any) -> dict[str, Any]:
-    return {
-        "model": "claude-3-5-haiku",
-        "max_tokens": 200,
-        "messages": [{"role": "user", "content": text}],
-        **extra,
-    }
 
 
 def parts(*texts: str) -> list[dict[str, str]]:
@@ -240,18 +210,6 @@ def test_beta_messages_with_what_may_change_the_answer_pass_through(extra: dict[
 
 
 # -- against the simulated provider ---------------------------------------------------
-
-
-async def gather(n: int, call: Callable[[int], Awaitable[T]]) -> list[T]:
-    out: dict[int, T] = {}
-
-    async def one(i: int) -> None:
-        out[i] = await call(i)
-
-    async with anyio.create_task_group() as tg:
-        for i in range(n):
-            tg.start_soon(one, i)
-    return [out[i] for i in range(n)]
 
 
 def recording_openai(sim: SimulatedProvider, seen: list[httpx2.Request]) -> openai.AsyncOpenAI:

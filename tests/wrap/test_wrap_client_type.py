@@ -13,6 +13,7 @@ import anyio
 import openai
 import pydantic
 import pytest
+from _wrapping import TEXT, chat, msg, outcomes
 from anthropic.types import Message
 from openai._legacy_response import LegacyAPIResponse
 from openai._response import AsyncAPIResponse
@@ -23,49 +24,10 @@ from coalesce._wrap import wrap
 from coalesce.testing import LatencyModel, LatencyProfile, SimulatedProvider
 from coalesce.testing._inprocess import in_process_client
 
-TEXT = {"type": "string"}
-SYSTEM = {"role": "system", "content": "Answer briefly."}
-
 
 class Verdict(pydantic.BaseModel):
     label: str
     score: int
-
-
-def chat(text: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "model": "gpt-4o-mini",
-        "messages": [SYSTEM, {"role": "user", "content": text}],
-        **extra,
-    }
-
-
-def msg(text: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "model": "claude-3-5-haiku",
-        "max_tokens": 200,
-        "messages": [{"role": "user", "content": text}],
-        **extra,
-    }
-
-
-async def gather(n: int, call: Any) -> list[Any]:
-    out: list[Any] = [None] * n
-    errors: list[BaseException | None] = [None] * n
-
-    async def one(i: int) -> None:
-        try:
-            out[i] = await call(i)
-        except Exception as exc:
-            errors[i] = exc
-
-    async with anyio.create_task_group() as tg:
-        for i in range(n):
-            tg.start_soon(one, i)
-    for error in errors:
-        if error is not None and not isinstance(error, (openai.APIError, anthropic.APIError)):
-            raise error
-    return [e if e is not None else o for o, e in zip(out, errors, strict=True)]
 
 
 def answer(reply: ChatCompletion) -> str | None:
@@ -113,7 +75,7 @@ async def test_instructor_style_type_check_accepts_it_and_its_calls_coalesce() -
         reply: ChatCompletion = await client.chat.completions.create(**chat(f"q{i}"))
         return reply
 
-    replies = await gather(8, through_framework)
+    replies = await outcomes(8, through_framework)
     await client.close()
     assert [answer(r) for r in replies] == [sim.expected_output(f"q{i}", TEXT) for i in range(8)]
     assert [r.items for r in sim.requests] == [4, 4]
@@ -136,7 +98,7 @@ async def test_with_options_still_coalesces_and_shares_engines_and_statistics() 
         sender = (client, quick, copied)[i % 3]
         return sender.chat.completions.create(**chat(f"q{i}"))
 
-    replies = await gather(6, ask)
+    replies = await outcomes(6, ask)
     # Two requests carried the calls of the client and both copies.
     assert sorted(r.items for r in sim.requests) == [2, 4]
     assert [answer(r) for r in replies] == [sim.expected_output(f"q{i}", TEXT) for i in range(6)]
@@ -158,7 +120,7 @@ async def test_copies_with_other_credentials_never_share_a_request() -> None:
         sender = (client, other, headed)[i % 3]
         return sender.chat.completions.create(**chat(f"q{i}"))
 
-    replies = await gather(9, ask)
+    replies = await outcomes(9, ask)
     await client.aclose()
     assert [answer(r) for r in replies] == [sim.expected_output(f"q{i}", TEXT) for i in range(9)]
     assert sorted((r.api_key, r.items) for r in sim.requests) == [
@@ -178,7 +140,7 @@ async def test_a_copy_with_another_base_url_sends_through_its_own_copy() -> None
     url = "http://elsewhere.test"
     moved = client.with_options(base_url=f"{url}/v1", http_client=in_process_client(elsewhere, url))
     assert isinstance(moved, coalesce.CoalescedClient)
-    replies = await gather(
+    replies = await outcomes(
         6, lambda i: (client, moved)[i % 2].chat.completions.create(**chat(f"q{i}"))
     )
     await client.aclose()
@@ -193,7 +155,7 @@ async def test_anthropic_with_options_coalesces_with_the_client() -> None:
     client: Any = wrap(sim.anthropic_client(max_retries=0), max_items=4, packing="always")
     quick = client.with_options(timeout=20.0)
     assert isinstance(quick, anthropic.AsyncAnthropic)
-    replies = await gather(4, lambda i: (client, quick)[i % 2].messages.create(**msg(f"m{i}")))
+    replies = await outcomes(4, lambda i: (client, quick)[i % 2].messages.create(**msg(f"m{i}")))
     await client.aclose()
     assert all(isinstance(r, Message) for r in replies)
     assert [r.content[0].text for r in replies] == [
@@ -219,7 +181,7 @@ async def test_a_calls_timeout_is_its_own_limit_and_the_others_are_answered() ->
         finally:
             ended[i] = anyio.current_time() - start
 
-    replies = await gather(4, ask)
+    replies = await outcomes(4, ask)
     await client.aclose()
     assert isinstance(replies[0], openai.APITimeoutError)
     assert ended[0] == pytest.approx(1.0)
@@ -240,7 +202,7 @@ async def test_a_copys_timeout_limits_its_calls_and_anthropic_raises_its_own_err
     def ask(i: int) -> Any:
         return (quick if i == 0 else client).messages.create(**msg(f"m{i}"))
 
-    replies = await gather(2, ask)
+    replies = await outcomes(2, ask)
     await client.aclose()
     assert isinstance(replies[0], anthropic.APITimeoutError)
     assert isinstance(replies[1], Message)
@@ -260,7 +222,7 @@ async def test_langchain_style_raw_response_calls_coalesce_and_parse_to_their_ow
         raw = await client.chat.completions.with_raw_response.create(**chat(f"q{i}"))
         return raw, raw.parse()
 
-    pairs = await gather(8, ask)
+    pairs = await outcomes(8, ask)
     await client.aclose()
     assert [r.items for r in sim.requests] == [4, 4]
     for i, (raw, reply) in enumerate(pairs):
@@ -290,7 +252,7 @@ async def test_raw_responses_on_the_client_and_of_parse() -> None:
             )
         return raw.parse()
 
-    replies = await gather(4, ask)
+    replies = await outcomes(4, ask)
     await client.aclose()
     assert [r.items for r in sim.requests] == [2, 2]  # one per kind of call
     for i, reply in enumerate(replies):
@@ -314,7 +276,7 @@ async def test_streaming_responses_coalesce_and_parse_to_their_own_answer() -> N
             body = json.loads(await response.text())
             return body, await response.parse()
 
-    pairs = await gather(4, ask)
+    pairs = await outcomes(4, ask)
     await client.aclose()
     assert [r.items for r in sim.requests] == [4]
     for i, (body, reply) in enumerate(pairs):
@@ -337,7 +299,7 @@ async def test_a_raw_streamed_call_parses_to_the_sdks_own_stream_of_its_answer()
         assert isinstance(stream, openai.AsyncStream)
         return [chunk async for chunk in stream]
 
-    streams = await gather(3, ask)
+    streams = await outcomes(3, ask)
     await client.aclose()
     assert [r.items for r in sim.requests] == [3]
     stats = client.statistics()["gpt-4o-mini"]
@@ -362,7 +324,7 @@ async def test_anthropic_raw_and_streaming_responses_coalesce() -> None:
         async with client.with_streaming_response.messages.create(**msg(f"m{i}")) as response:
             return await response.parse()
 
-    replies = await gather(4, ask)
+    replies = await outcomes(4, ask)
     await client.aclose()
     assert [r.items for r in sim.requests] == [4]
     assert all(isinstance(r, Message) for r in replies)

@@ -5,14 +5,13 @@ own type. Pure reads first, then the official SDKs against the simulated provide
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, cast
 
 import anthropic
-import anyio
 import openai
 import pydantic
 import pytest
+from _wrapping import chat, gather, msg
 from anthropic.types import Message, ParsedMessage
 from openai.lib import type_to_response_format_param
 from openai.types.chat import ChatCompletion, ParsedChatCompletion
@@ -26,8 +25,6 @@ from coalesce._wrap.openai_chat import openai_create_call
 from coalesce._wrap.openai_parse import openai_parse_call
 from coalesce.testing import SimulatedProvider
 
-T = TypeVar("T")
-
 
 class Verdict(pydantic.BaseModel):
     label: Literal["spam", "ham"]
@@ -37,26 +34,6 @@ class Verdict(pydantic.BaseModel):
 class Topic(pydantic.BaseModel):
     topic: str
     tags: list[str]
-
-
-SYSTEM = {"role": "system", "content": "Answer briefly."}
-
-
-def chat(text: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "model": "gpt-4o-mini",
-        "messages": [SYSTEM, {"role": "user", "content": text}],
-        **extra,
-    }
-
-
-def msg(text: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "model": "claude-3-5-haiku",
-        "max_tokens": 200,
-        "messages": [{"role": "user", "content": text}],
-        **extra,
-    }
 
 
 def openai_schema(model: type[pydantic.BaseModel]) -> dict[str, Any]:
@@ -173,18 +150,6 @@ def test_anthropic_create_coalesces_output_config_of_one_json_schema_only(
 
 
 # -- against the simulated provider ---------------------------------------------------
-
-
-async def gather(n: int, call: Callable[[int], Awaitable[T]]) -> list[T]:
-    out: dict[int, T] = {}
-
-    async def one(i: int) -> None:
-        out[i] = await call(i)
-
-    async with anyio.create_task_group() as tg:
-        for i in range(n):
-            tg.start_soon(one, i)
-    return [out[i] for i in range(n)]
 
 
 def assert_parsed(

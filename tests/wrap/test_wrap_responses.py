@@ -11,14 +11,13 @@ against the simulated provider in process, on virtual time.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, cast
 
-import anyio
 import httpx2
 import openai
 import pydantic
 import pytest
+from _wrapping import SCHEMA, TEXT, gather
 from openai.lib._parsing._responses import type_to_text_format_param
 from openai.types.responses import (
     ParsedResponse,
@@ -37,18 +36,7 @@ from coalesce._wrap.openai_responses import responses_create_call
 from coalesce._wrap.openai_responses_parse import responses_parse_call
 from coalesce.testing import SimulatedProvider
 
-T = TypeVar("T")
 MODEL = "gpt-4o-mini"
-TEXT = {"type": "string"}
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "label": {"type": "string", "enum": ["spam", "ham"]},
-        "score": {"type": "integer"},
-    },
-    "required": ["label", "score"],
-    "additionalProperties": False,
-}
 JSON_FORMAT: dict[str, Any] = {
     "type": "json_schema",
     "name": "verdict",
@@ -260,18 +248,6 @@ def test_parse_passthrough(extra: dict[str, Any]) -> None:
 
 
 # -- in process, virtual time ---------------------------------------------------------
-
-
-async def gather(n: int, call: Callable[[int], Awaitable[T]]) -> list[T]:
-    out: dict[int, T] = {}
-
-    async def one(i: int) -> None:
-        out[i] = await call(i)
-
-    async with anyio.create_task_group() as tg:
-        for i in range(n):
-            tg.start_soon(one, i)
-    return [out[i] for i in range(n)]
 
 
 def _message_text(response: Response) -> str:

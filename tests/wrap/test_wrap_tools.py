@@ -9,13 +9,13 @@ time."""
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-import anyio
 import openai
 import pydantic
 import pytest
+from _wrapping import SCHEMA, gather, msg
+from _wrapping import chat as wrapping_chat
 from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import Message
 from openai.lib.streaming.chat import ChatCompletionStreamState
@@ -28,16 +28,6 @@ from coalesce._wrap.openai_parse import openai_parse_call
 from coalesce._wrap.tools import ForcedTool, anthropic_forced_tool, openai_forced_tool
 from coalesce.testing import SimulatedProvider
 
-T = TypeVar("T")
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "label": {"type": "string", "enum": ["spam", "ham"]},
-        "score": {"type": "integer"},
-    },
-    "required": ["label", "score"],
-    "additionalProperties": False,
-}
 OTHER = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
 SYSTEM = {"role": "system", "content": "Classify the mail."}
 FUNCTION = {"name": "verdict", "description": "Record the verdict.", "parameters": SCHEMA}
@@ -54,20 +44,7 @@ class Verdict(pydantic.BaseModel):
 
 
 def chat(text: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "model": "gpt-4o-mini",
-        "messages": [SYSTEM, {"role": "user", "content": text}],
-        **extra,
-    }
-
-
-def msg(text: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "model": "claude-3-5-haiku",
-        "max_tokens": 200,
-        "messages": [{"role": "user", "content": text}],
-        **extra,
-    }
+    return wrapping_chat(text, system=SYSTEM, **extra)
 
 
 # -- pure reads -----------------------------------------------------------------------
@@ -226,18 +203,6 @@ def test_parse_reads_a_strict_forced_tool_and_leaves_the_others_to_the_sdk() -> 
 
 
 # -- against the simulated provider ---------------------------------------------------
-
-
-async def gather(n: int, call: Callable[[int], Awaitable[T]]) -> list[T]:
-    out: dict[int, T] = {}
-
-    async def one(i: int) -> None:
-        out[i] = await call(i)
-
-    async with anyio.create_task_group() as tg:
-        for i in range(n):
-            tg.start_soon(one, i)
-    return [out[i] for i in range(n)]
 
 
 @pytest.mark.anyio
