@@ -34,7 +34,14 @@ from .options import (
     Resolve,
     check_options,
 )
-from .policy import DispatchPolicy, DispatchReason, after_add, before_add, validate_size
+from .policy import (
+    DispatchPolicy,
+    DispatchReason,
+    Hold,
+    after_add,
+    before_add,
+    validate_size,
+)
 from .runtime import Runtime, current_runtime, running_owner
 from .stats import BatcherStatistics
 from .window import Window, Windows
@@ -44,6 +51,9 @@ __all__ = ["Batcher", "Resolve"]
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+#: Reasons a window goes at once even while released items are being placed.
+_AT_ONCE = (None, DispatchReason.FULL, DispatchReason.SIZE, DispatchReason.TOKENS)
 
 
 class Batcher(Generic[T, R]):
@@ -127,6 +137,7 @@ class Batcher(Generic[T, R]):
         self._windows = self._queue.open
         self._dispatcher = dispatcher = Dispatcher(options, self._queue)
         self._dispatch = dispatcher.dispatch
+        dispatcher.place = self._place
         self._rt: Runtime | None = None
         self._loop: Any = None  # the bound asyncio loop, for the hot path's check
         self._clock: Callable[[], float] = _no_clock
@@ -172,7 +183,7 @@ class Batcher(Generic[T, R]):
                             self._dispatch(window, DispatchReason.FULL)
                         return waiter  # type: ignore[no-any-return]
                 if self._max_pending is None or self._queue.pending < self._max_pending:
-                    return self._enqueue(item)  # type: ignore[no-any-return]
+                    return self._place(item, self._clock())  # type: ignore[no-any-return]
             except Exception as exc:
                 failed = self._new_waiter()
                 failed.set_exception(exc)
@@ -187,7 +198,7 @@ class Batcher(Generic[T, R]):
         self._runtime()
         if self._max_pending is not None and self._queue.pending >= self._max_pending:
             await self._wait_for_room()
-        waiter = self._enqueue(item)
+        waiter = self._place(item, self._clock())
         return await self._rt.wait(waiter)  # type: ignore[union-attr,no-any-return]
 
     def submit_nowait(self, item: T) -> Awaitable[R]:
@@ -208,20 +219,21 @@ class Batcher(Generic[T, R]):
                 f"{self._max_pending}); await the call instead to wait for room, or raise"
                 " max_pending"
             )
-        waiter = self._enqueue(item)
+        waiter = self._place(item, self._clock())
         if rt.awaitable_waiters:
             return waiter  # type: ignore[no-any-return]
         return rt.wait(waiter)
 
-    def _enqueue(self, item: T) -> Any:
-        """Put ``item`` in its window, closing the window first if it must go without it."""
-        rt = self._rt
-        assert rt is not None  # every caller binds the runtime first
-        if self._closed:
-            raise BatcherClosedError(f"{self._name} is closed; no new calls are accepted")
+    def _place(self, item: T, now: float, waiter: Any = None, arrival: float | None = None) -> Any:
+        """Put ``item`` where it goes now: its window, a batch of its own, or the held
+        items; ``waiter`` and ``arrival`` are given when it was held until now."""
+        if waiter is None:  # a new call, not a released one
+            if self._closed:
+                raise BatcherClosedError(f"{self._name} is closed; no new calls are accepted")
+            waiter = self._new_waiter()
+        arrival = now if arrival is None else arrival
         key = self._partition(item) if self._partition is not None else None
         window = self._windows.get(key)
-        now = rt.clock()
         weight = 0.0
         if self._size is not None:
             weight = validate_size(self._size(item))
@@ -232,37 +244,37 @@ class Batcher(Generic[T, R]):
                     window = None
         if self._policy is not None:
             members = window.items if window is not None else []
-            reason = self._policy.before_add(members, item, now)
-            if reason is DispatchReason.SOLO:
-                waiter = self._new_waiter()
-                self._dispatcher.dispatch_solo(item, waiter, now)
+            answer = self._policy.before_add(members, item, now)
+            if isinstance(answer, Hold) and answer.until > now and not self._closed:
+                self._dispatcher.hold(key, item, waiter, arrival, answer.until)
                 return waiter
-            if reason is not None and window is not None:
-                self._dispatch(window, reason)
+            if answer is DispatchReason.SOLO or answer is DispatchReason.PROBE:
+                self._dispatcher.dispatch_solo(item, waiter, arrival, answer)
+                return waiter
+            if isinstance(answer, DispatchReason) and window is not None:
+                self._dispatch(window, answer)
                 window = None
         if window is None:
             window = self._windows[key] = Window(key, now, now + self._limits.max_wait)
             if not self._dispatcher.timer_on:
                 self._dispatcher.start_timer()
-        return self._join(window, item, weight, now)
-
-    def _join(self, window: Window, item: T, weight: float, now: float) -> Any:
-        """Add ``item`` to ``window``; dispatch the window if it must go now."""
-        waiter = self._new_waiter()
-        window.add(item, waiter, now)
         window.size += weight
+        self._join(window, item, now, waiter, arrival)
+        return waiter
+
+    def _join(self, window: Window, item: T, now: float, waiter: Any, arrival: float) -> None:
+        """Add ``item`` to ``window``; dispatch the window if it must go now."""
+        window.add(item, waiter, arrival)
+        reason = DispatchReason.FULL if len(window.items) >= self._max_items else None
         if self._size is not None:
             reason = after_add(len(window.items), window.size, self._limits)
-        elif len(window.items) >= self._max_items:
-            reason = DispatchReason.FULL
-        else:
-            reason = None
         if reason is None and self._policy is not None:
             due = self._policy.after_add(window.items, now)
             reason = None if due is None else self._dispatcher.set_due(window, due, now)
+            if self._dispatcher.releasing and reason not in _AT_ONCE:
+                reason = None  # due now: it goes once every released item is placed
         if reason is not None:
             self._dispatch(window, reason)
-        return waiter
 
     def _on_cancel(self, waiter: Any) -> None:
         """A caller was cancelled: take its item out if it was not dispatched yet."""
@@ -309,6 +321,8 @@ class Batcher(Generic[T, R]):
         if self._rt is None:
             return
         self._runtime()
+        for held in list(self._queue.held.values()):
+            self._dispatcher.release(held)  # closed: nothing is held again
         for window in list(self._windows.values()):
             self._dispatch(window, DispatchReason.CLOSE)
         self._queue.wake_room()
@@ -334,7 +348,7 @@ class Batcher(Generic[T, R]):
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         next_flush = ""
-        if self._windows and self._rt is not None:
+        if self._queue.waiting() and self._rt is not None:
             delay = self._dispatcher.next_due().due_at - self._rt.clock()
             next_flush = f", next flush in {max(delay, 0.0) * 1e3:.1f} ms"
         return (

@@ -3,13 +3,15 @@
 A batch runs in a background task of the event loop, never in a caller's task, so a
 caller that is cancelled never disturbs the others; its results are handed back by
 position, each to its own caller. At most ``max_concurrency`` batches run at once;
-the windows closed meanwhile wait, in order, in the ready queue.
+the windows closed meanwhile wait, in order, in the ready queue. Items a policy holds
+are released (handed back to the batcher's ``release``) when their hold is due or when
+a batch ends.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
@@ -43,6 +45,9 @@ class Dispatcher:
         items_dispatched: Items handed to the batch function.
         max_batch: The largest batch so far.
         waits: How long each dispatched item waited.
+        place: Puts an item where it goes now (the batcher's, set by it): a held item
+            is placed again when released.
+        releasing: Held items are being placed again (see :meth:`release`).
     """
 
     def __init__(self, options: BatcherOptions[Any], windows: Windows) -> None:
@@ -64,6 +69,8 @@ class Dispatcher:
         self.items_dispatched = 0
         self.max_batch = 0
         self.waits = WaitRecorder()
+        self.place: Callable[[Any, float, Any, float], Any] | None = None
+        self.releasing = False
 
     # -- dispatching -----------------------------------------------------------
 
@@ -80,11 +87,12 @@ class Dispatcher:
         if on_dispatch is not None:
             on_dispatch(reason, window.items)
 
-    def dispatch_solo(self, item: Any, waiter: Any, now: float) -> None:
-        """Run ``item`` alone at once, in a window of its own (a policy said ``SOLO``)."""
-        window = Window(SOLO, now, now)
-        window.add(item, waiter, now)
-        self.dispatch(window, DispatchReason.SOLO)
+    def dispatch_solo(self, item: Any, waiter: Any, arrival: float, reason: DispatchReason) -> None:
+        """Run ``item``, arrived at ``arrival``, alone at once, in a window of its own (a
+        policy said ``SOLO`` or ``PROBE``)."""
+        window = Window(SOLO, arrival, arrival)
+        window.add(item, waiter, arrival)
+        self.dispatch(window, reason)
 
     def _start(self, window: Window) -> None:
         rt = self.rt
@@ -122,6 +130,7 @@ class Dispatcher:
         finally:
             self.in_flight -= 1
             self._after_batch()
+            self.wake_held()
 
     async def _invoke(self, window: Window) -> Any:
         """Call the batch function for one window."""
@@ -244,16 +253,53 @@ class Dispatcher:
             scope.deadline = due.at
         return None
 
+    def hold(self, key: Any, item: Any, waiter: Any, arrival: float, until: float) -> None:
+        """Hold ``item`` until ``until`` or the end of a batch (a policy said :class:`Hold`)."""
+        held = self.windows.hold(key, item, waiter, arrival, until)
+        self._wake_by(held.due_at)
+
+    def wake_held(self) -> None:
+        """A batch ended: what the policy knows may have changed, so the held items are
+        due now (the timer releases them)."""
+        if self.windows.held and self.rt is not None:
+            self._wake_by(self.windows.held_due(self.rt.clock()))
+
+    def _wake_by(self, at: float) -> None:
+        if not self.timer_on:
+            self.start_timer()
+        elif self.timer_scope is not None and at < self.timer_scope.deadline:
+            self.timer_scope.deadline = at
+
+    def release(self, held: Window) -> None:
+        """Place the items of ``held`` again, in the order they arrived; released
+        together, they group together: a window they made due goes once all are placed."""
+        rt, place = self.rt, self.place
+        assert rt is not None
+        assert place is not None
+        self.windows.unhold(held)
+        now = rt.clock()
+        self.releasing = True
+        for item, waiter, arrival in zip(held.items, held.waiters, held.arrivals, strict=True):
+            try:
+                place(item, now, waiter, arrival)
+            except Exception as exc:  # its caller gets what placing its item raised
+                rt.fail(waiter, exc)
+        self.releasing = False
+        for window in [window for window in self.open.values() if window.due_at <= now]:
+            self.dispatch(window, window.due_reason)
+
     def next_due(self) -> Window:
-        """The open window due first."""
+        """The open (or held) window due first."""
         return self.windows.next_due(by_due_time=self.options.policy is not None)
 
     async def _timer(self) -> None:
-        """Dispatch each window when it is due (``max_wait``, or a planner's deadline)."""
+        """Dispatch each window when it is due (``max_wait``, or a planner's deadline),
+        and release held items when their hold is."""
         rt = self.rt
         assert rt is not None
+        windows = self.windows
         try:
-            while self.open:
+            while windows.waiting():
                 window = self.next_due()
                 if rt.clock() < window.due_at:
                     with anyio.CancelScope(deadline=window.due_at) as scope:
@@ -262,12 +308,15 @@ class Dispatcher:
                     self.timer_scope = None
                     # Trust the sleep rather than re-reading the clock: a coarse clock
                     # may still read a hair before the deadline it woke for.
-                    if not self.open:
+                    if not windows.waiting():
                         break
                     window = self.next_due()
                     if window.due_at > scope.deadline:
                         continue  # what was due went early (full, size or close)
-                self.dispatch(window, window.due_reason)
+                if windows.is_held(window):
+                    self.release(window)
+                else:
+                    self.dispatch(window, window.due_reason)
         finally:
             self.timer_on = False
             self.timer_scope = None

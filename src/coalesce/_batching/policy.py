@@ -10,6 +10,12 @@ a window (the latency-budget planner is one, :class:`~coalesce._planning.policy.
 Policies compose by wrapping: the engine's :class:`~coalesce._engine.admission.ContextPolicy`
 closes a window before an item that would push its request past the model's context
 window (:attr:`DispatchReason.TOKENS`), and otherwise asks the budget planner's.
+
+A policy may also *hold* an item (:class:`Hold`): it stays out of every window until
+the time the policy names or until a batch of the batcher ends, whichever comes first,
+and is then offered to the policy again as if it arrived then. The budget planner holds
+the calls of a cold function while the first one, sent alone (:attr:`DispatchReason.PROBE`),
+teaches it how fast the provider is.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ __all__ = [
     "DispatchPolicy",
     "DispatchReason",
     "Due",
+    "Hold",
     "Limits",
     "after_add",
     "before_add",
@@ -51,6 +58,9 @@ class DispatchReason(str, enum.Enum):
     SOLO = "solo"
     #: The context window or the output-token limit of one request was reached.
     TOKENS = "tokens"
+    #: Sent alone at once, so that what its batch teaches the policy sizes the items it
+    #: holds meanwhile (a cold function's first call under a ``latency_budget``).
+    PROBE = "probe"
 
     def __str__(self) -> str:
         return self.value
@@ -65,6 +75,20 @@ class Due(NamedTuple):
     """Why: ``WINDOW`` if ``max_wait`` comes first, else the policy's own reason."""
 
 
+class Hold(NamedTuple):
+    """A policy's answer to an arriving item: keep it out of every window for now.
+
+    The item waits, with the other items held in its partition, until ``until`` or until
+    a batch of the batcher ends, whichever comes first (what the policy knows may have
+    changed); then the held items are offered to the policy again, in the order they
+    arrived, as if they arrived then. A hold whose ``until`` is not after the current
+    time, or one asked while the batcher closes, is ignored: the item joins its window.
+    """
+
+    until: float
+    """The latest time the item is held (same clock as ``now``)."""
+
+
 class DispatchPolicy(Protocol[T_contra]):
     """Decides, besides the batcher's own limits, when a window is dispatched.
 
@@ -74,11 +98,12 @@ class DispatchPolicy(Protocol[T_contra]):
 
     def before_add(
         self, members: Sequence[T_contra], item: T_contra, now: float
-    ) -> DispatchReason | None:
+    ) -> DispatchReason | Hold | None:
         """Before ``item`` joins the window holding ``members`` (empty: it opens one).
 
-        Returns ``None`` to let it join, a reason to dispatch the window first, or
-        :attr:`DispatchReason.SOLO` to send ``item`` alone at once.
+        Returns ``None`` to let it join, a reason to dispatch the window first,
+        :attr:`DispatchReason.SOLO` or :attr:`DispatchReason.PROBE` to send ``item``
+        alone at once, or a :class:`Hold` to keep it out of every window for now.
         """
         ...
 

@@ -56,7 +56,7 @@ class BatcherStatistics(NamedTuple):
     batches: int
     #: Batches by :class:`~coalesce.DispatchReason` value (``"full"``, ``"size"``,
     #: ``"window"``, ``"close"``, and for budget planning ``"deadline"``, ``"solo"``,
-    #: ``"tokens"``); every reason is present, zero or not. The same name as
+    #: ``"tokens"``, ``"probe"``); every reason is present, zero or not. The same name as
     #: :attr:`coalesce.PromptStatistics.dispatch_reasons`.
     dispatch_reasons: Mapping[str, int]
     #: Mean items per dispatched batch (NaN before any).

@@ -27,7 +27,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._batching.policy import DispatchPolicy, DispatchReason, Due
+from .._batching.policy import DispatchPolicy, DispatchReason, Due, Hold
 from .._calls import Job
 from .._exceptions import InvalidInputError
 from .._planning.context import ContextWindow
@@ -203,10 +203,12 @@ class ContextPolicy:
         self.inner = inner
         self.cap = cap
 
-    def before_add(self, members: Sequence[Job], item: Job, now: float) -> DispatchReason | None:
+    def before_add(
+        self, members: Sequence[Job], item: Job, now: float
+    ) -> DispatchReason | Hold | None:
         """``FULL`` if the window holds the cap already; ``TOKENS`` if ``item`` would not
         fit with ``members`` (``SOLO`` if ``inner`` sends it alone anyway); else
-        ``inner``'s answer."""
+        ``inner``'s answer (a cold start's ``PROBE`` or :class:`Hold` too)."""
         inner = self.inner
         if members and self.cap is not None and len(members) >= self.cap():
             return DispatchReason.FULL

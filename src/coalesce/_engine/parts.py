@@ -36,6 +36,7 @@ from .._observe.listeners import StatisticsListener
 from .._observe.recorder import PromptRecorder
 from .._planning.cost import PackingCost, voting_pays
 from .._planning.footprint import Footprint, footprint
+from .._planning.longest import bounded_output_tokens
 from .._planning.output import expected_output_tokens
 from .._planning.planner import PlanLimits
 from .._planning.policy import BudgetPolicy
@@ -106,10 +107,10 @@ def assemble(
     pinned = footprint(spec.instructions, spec.output_schema, estimator, **shape)
     unpinned = footprint(spec.instructions, spec.output_schema, estimator, pin=False, **shape)
     trust = SchemaTrust(declared_enforcement(spec.provider, options.schema_enforced))
-    planning = _planning(spec, options, pinned, estimator, trust.enforced)
+    cost = _packing_cost(spec, options, pinned)
+    planning = _planning(spec, options, pinned, estimator, trust.enforced, cost.smallest)
     answer = expected_output_tokens(spec.output_schema, estimator, options.expected_output_tokens)
     admission = admission_for(spec, options, pinned, estimator, answer)
-    cost = _packing_cost(spec, options, pinned)
     vote_costs = VoteCosts(answer, pinned, estimator.count)
 
     def learn_cache(cached_tokens: int) -> int:
@@ -247,11 +248,14 @@ def _planning(
     pinned: Footprint,
     estimator: TokenEstimator,
     early_answers: bool,
+    pays_from: int | None,
 ) -> Planning | None:
     """A budget planner for the function, if it declared a latency budget.
 
     ``early_answers``: streamed answers are handed over as each completes (the provider
     is trusted to enforce the schema); otherwise every caller waits for the whole reply.
+    ``pays_from``: the smallest group packing pays for; with none, calls go at once and
+    a cold start holds nothing.
     """
     if options.latency_budget is None:
         return None
@@ -264,5 +268,15 @@ def _planning(
         per_item_output_overhead_tokens=pinned.answer_frame,
         streaming=options.stream and early_answers,
     )
-    prior = expected_output_tokens(spec.output_schema, estimator, options.expected_output_tokens)
-    return Planning(limits, prior, options.latency_prior, estimator)
+    declared = options.expected_output_tokens
+    prior = expected_output_tokens(spec.output_schema, estimator, declared)
+    # Free text's size is a guess until a reply: the first replies replace it.
+    guessed = not declared and bounded_output_tokens(spec.output_schema, estimator) is None
+    return Planning(
+        limits,
+        prior,
+        options.latency_prior,
+        estimator,
+        guessed_output=guessed,
+        cold_start=pays_from is not None,
+    )

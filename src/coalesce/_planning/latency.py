@@ -39,6 +39,16 @@ _MIN_PREDICTION = 1e-3
 # The prior's weight is forgotten like an observation, down to this floor: enough to pin
 # directions the data never explores (collinear sizes), too little to bias a fit.
 _PRIOR_FLOOR = 1e-3  # seconds; floor of the relative-error denominator
+# How the prior's errors go together: a provider faster or slower than the prior tends
+# to be so in all three coefficients at once (its hardware, its load, its distance).
+# In units of the prior, the prior's covariance is ``I + c 11'`` with ``c`` this much, so
+# a first reply that measures only a total (no TTFT) moves all three coefficients, not
+# mostly the largest share of that total. Its inverse is the ridge penalty's matrix.
+_COMMON_SPEED = 0.5
+_PRIOR_PRECISION = [
+    [(1.0 if i == j else 0.0) - _COMMON_SPEED / (1 + 3 * _COMMON_SPEED) for j in range(3)]
+    for i in range(3)
+]
 
 
 @dataclass(frozen=True)
@@ -114,6 +124,7 @@ class _RobustScale:
     def __init__(self, initial: float) -> None:
         self.mean_abs = initial
         self.bias = 0.0
+        self.seen = 0
 
     @property
     def drifting(self) -> bool:
@@ -124,7 +135,10 @@ class _RobustScale:
         """Huber weight of ``residual`` (relative), then update scale and bias."""
         sigma = 1.25 * self.mean_abs  # mean |e| = 0.8 sigma for Gaussian noise
         size = abs(residual)
-        weight = 1.0 if size <= _HUBER_K * sigma else _HUBER_K * sigma / size
+        # The first residual measures the prior's error, not the calls' noise: an
+        # outlier is told from the calls seen so far, and there are none yet.
+        first, self.seen = not self.seen, self.seen + 1
+        weight = 1.0 if first or size <= _HUBER_K * sigma else _HUBER_K * sigma / size
         clipped = max(-_HUBER_K, min(_HUBER_K, residual / sigma))
         self.bias = (1 - _DRIFT_ALPHA) * self.bias + _DRIFT_ALPHA * clipped
         # Clipped at 4x so a single wild outlier barely moves the scale, while a
@@ -387,10 +401,11 @@ class LatencyModel:
     def _refit(self) -> None:
         pw = self._prior_strength
         m = [
-            [v + (pw if i == j else 0.0) for j, v in enumerate(row)]
+            [v + pw * _PRIOR_PRECISION[i][j] for j, v in enumerate(row)]
             for i, row in enumerate(self._info)
         ]
-        b = [v + pw * u0 for v, u0 in zip(self._moment, self._u0, strict=True)]
+        pu0 = [sum(p * u for p, u in zip(row, self._u0, strict=True)) for row in _PRIOR_PRECISION]
+        b = [v + pw * x for v, x in zip(self._moment, pu0, strict=True)]
         u = _nonnegative_minimiser(m, b)
         self._theta = (u[0] * self._scale[0], u[1] * self._scale[1], u[2] * self._scale[2])
 

@@ -13,6 +13,9 @@ window per partition and asks these functions, with explicit state and ``now``:
   :func:`due` also says which of the two it is (``WINDOW`` or ``DEADLINE``).
 * :func:`streaming_order`: short expected answers first, so the streaming split hands
   them back early.
+* :func:`cold_start`: before any reply was measured, when the prior admits no group but
+  the budget leaves room beyond one call, the first call goes alone at once (a *probe*)
+  and later ones are held until its reply or until they could only just leave alone.
 
 Predictions are a :data:`Predict` callable, ``(input_tokens, output_tokens) -> seconds``
 of one request (a p95), usually ``lambda i, o: model.predict(i, o).total`` over a
@@ -38,7 +41,9 @@ from .._exceptions import ConfigurationError
 from ..providers._ratelimit import Quota, RateLimitState
 
 __all__ = [
+    "HOLD_GUARD",
     "Admission",
+    "ColdStart",
     "Due",
     "Pace",
     "PlanItem",
@@ -47,6 +52,7 @@ __all__ = [
     "admit",
     "allow_reask",
     "binding_limit",
+    "cold_start",
     "due",
     "due_at",
     "full_after_add",
@@ -64,6 +70,11 @@ Binding = Literal["requests", "tokens"]
 # A quota without a reset time is assumed to refill within a minute: provider limits
 # are per minute (RPM, TPM), so this is the longest it can take.
 DEFAULT_RESET_HORIZON = 60.0
+
+#: Seconds before the last moment a held call could still leave alone at which its hold
+#: ends: a timer wakes a little late, and a call released late would count as a budget
+#: that could not be met.
+HOLD_GUARD = 0.01
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,6 +372,51 @@ def streaming_order(
         written -= items[index].output_tokens + overhead
     placed.reverse()
     return placed
+
+
+# -- the cold start ----------------------------------------------------------------
+
+
+class ColdStart(NamedTuple):
+    """What :func:`cold_start` decides for an arriving call."""
+
+    probe: bool
+    """Send it alone at once (:attr:`DispatchReason.PROBE`): its reply teaches the model."""
+    hold_until: float
+    """Otherwise hold it until then (or until a reply arrives), then plan it again."""
+
+
+def cold_start(
+    new: PlanItem, limits: PlanLimits, predict: Predict, now: float, *, probing: bool
+) -> ColdStart | None:
+    """Decide a call's fate while no reply of its function has been measured yet.
+
+    ``predict`` is then the prior's. When it admits no group (two calls like ``new``,
+    sent now, would be predicted to miss its deadline) but the budget leaves room beyond
+    one call (``new`` could wait and still leave alone in time), the prior may be too
+    slow: the first such call goes alone at once (a probe), and while it is in flight
+    (``probing``) the others are held until ``hold_until``, the last moment they could
+    still leave alone (less :data:`HOLD_GUARD`), or until the probe's reply has taught
+    the model, whichever comes first. On a provider as slow as the prior says, the
+    reply comes after the hold ends, and the held calls go as the prior plans them.
+
+    Returns ``None`` when this does not apply and the call is planned as usual: groups
+    of one only, the prior admitting a pair, or no time to wait (a call predicted late
+    even alone goes alone as usual, see :func:`admit`).
+
+    Args:
+        new: The arriving call.
+        limits: The group limits.
+        predict: Predicted duration of one request, as the prior says.
+        now: The current time.
+        probing: Whether a probe was sent and no reply has come yet.
+    """
+    if limits.max_items < 2 or math.isinf(new.deadline):
+        return None
+    hold_until = new.deadline - _finish((new,), limits, predict) - HOLD_GUARD
+    if hold_until <= now or latest_start((new, new), limits, predict) >= now:
+        return None
+    return ColdStart(probe=not probing, hold_until=hold_until)
 
 
 # -- rate limits -------------------------------------------------------------------

@@ -1,17 +1,19 @@
 """The latency-budget planner as the batcher's dispatch policy.
 
 :class:`BudgetPolicy` answers the batcher's two questions with the pure planner
-functions (:func:`~coalesce._planning.planner.admit`,
+functions (:func:`~coalesce._planning.planner.cold_start`,
+:func:`~coalesce._planning.planner.admit`,
 :func:`~coalesce._planning.planner.full_after_add`, :func:`~coalesce._planning.planner.due`)
 over the calls' plans and what :class:`~coalesce._planning.state.Planning` knows now.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
-from .._batching.policy import DispatchReason, Due
-from .planner import PlanItem, admit, due, full_after_add
+from .._batching.policy import DispatchReason, Due, Hold
+from .planner import PlanItem, admit, cold_start, due, full_after_add
 from .reports import Planned
 from .state import Planning
 
@@ -20,6 +22,9 @@ __all__ = ["BudgetPolicy"]
 
 class BudgetPolicy:
     """Dispatch a window before any member's deadline would be missed.
+
+    A call is planned with the answer size expected now, not when it arrived: a call
+    held through a cold start is sized by what the first reply taught.
 
     Args:
         planning: The function's planner state (limits, latency model).
@@ -30,30 +35,44 @@ class BudgetPolicy:
 
     def before_add(
         self, members: Sequence[Planned], item: Planned, now: float
-    ) -> DispatchReason | None:
-        """``SOLO`` if ``item`` is predicted late even alone; else dispatch the window first
-        if the item would make it full, too large or late."""
+    ) -> DispatchReason | Hold | None:
+        """While the function is cold, ``PROBE`` or a :class:`Hold` where
+        :func:`~coalesce._planning.planner.cold_start` says so; ``SOLO`` if ``item`` is
+        predicted late even alone; else dispatch the window first if the item would make
+        it full, too large or late."""
         planning = self.planning
-        admission = admit(_plans(members), _plan(item), planning.limits, planning.predict, now)
+        plan = self._plan(item)
+        if planning.cold:
+            cold = cold_start(
+                plan, planning.limits, planning.predict, now, probing=planning.probing
+            )
+            if cold is not None and cold.probe:
+                planning.probe_sent()
+                return DispatchReason.PROBE
+            if cold is not None:
+                return Hold(cold.hold_until)
+        admission = admit(self._plans(members), plan, planning.limits, planning.predict, now)
         return DispatchReason.SOLO if admission.solo else admission.dispatch_first
 
     def after_add(self, members: Sequence[Planned], now: float) -> Due:
         """At once if full; else the latest time that keeps every member on time."""
-        plans = _plans(members)
+        plans = self._plans(members)
         reason = full_after_add(plans, self.planning.limits)
         if reason is not None:
             return Due(now, reason)
         return due(plans, self.planning.limits, self.planning.predict)
 
+    def _plan(self, job: Planned) -> PlanItem:
+        plan = job.plan
+        if plan is None:
+            raise ValueError("a call planned against a budget needs its plan")
+        expected = self.planning.outputs.expected(job.partition)
+        if plan.output_tokens != expected:
+            return dataclasses.replace(plan, output_tokens=expected)
+        return plan
+
+    def _plans(self, jobs: Sequence[Planned]) -> list[PlanItem]:
+        return [self._plan(job) for job in jobs]
+
     def __repr__(self) -> str:
         return f"BudgetPolicy({self.planning!r})"
-
-
-def _plan(job: Planned) -> PlanItem:
-    if job.plan is None:
-        raise ValueError("a call planned against a budget needs its plan")
-    return job.plan
-
-
-def _plans(jobs: Sequence[Planned]) -> list[PlanItem]:
-    return [_plan(job) for job in jobs]

@@ -18,7 +18,7 @@ __all__ = ["Planned", "Report"]
 
 
 class Planned(Protocol):
-    """A call, as planning sees it: its item and its token plan."""
+    """A call, as planning sees it: its item, its partition and its token plan."""
 
     @property
     def item(self) -> Any:
@@ -27,6 +27,10 @@ class Planned(Protocol):
     @property
     def plan(self) -> PlanItem | None:
         """Its token estimates and deadline, when a budget is planned."""
+
+    @property
+    def partition(self) -> Hashable:
+        """The partition it was submitted in (output sizes are learned per partition)."""
 
 
 class Report(Protocol):

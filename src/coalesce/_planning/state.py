@@ -3,7 +3,9 @@
 :class:`Planning` holds the learned latency model, the expected output sizes, the
 rate-limit quotas and the limits the planner applies now. It listens to the group
 runner (:meth:`Planning.request_done`) and answers the pure planner functions'
-questions (:meth:`Planning.predict`, :meth:`Planning.plan_item`).
+questions (:meth:`Planning.predict`, :meth:`Planning.plan_item`), and whether the
+function is still *cold* (no request of it has been reported) or a probe is in flight
+(see :func:`~coalesce._planning.planner.cold_start`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..providers._ratelimit import RateLimitState, parse_rate_limit_headers
 from .latency import LatencyModel, LatencyPrior
-from .output import OutputTokenRegistry
+from .output import OutputTokenRegistry, OutputTokenTracker
 from .planner import (
     Pace,
     PlanItem,
@@ -47,6 +49,16 @@ class Planning:
         output_prior: Output tokens per item assumed before any reply.
         prior: The latency prior (default: conservative for hosted models).
         estimator: Counts the items' input tokens.
+        guessed_output: ``output_prior`` is a default guess (neither declared nor
+            bounded by the output type, as for free text): the first replies' sizes
+            replace it at once instead of after ten.
+        cold_start: Whether a cold start may probe and hold calls (not when no group
+            can pay for its packing: those calls go at once).
+
+    Attributes:
+        cold: No request of the function has been reported yet (predictions are the
+            prior's) and the cold start applies.
+        probing: A probe was sent while cold and no request has been reported since.
     """
 
     def __init__(
@@ -55,11 +67,19 @@ class Planning:
         output_prior: int,
         prior: LatencyPrior | None,
         estimator: TokenEstimator,
+        *,
+        guessed_output: bool = False,
+        cold_start: bool = True,
     ) -> None:
         self.estimator = estimator
         self.latency = LatencyModel(prior)
         self.configured = limits
-        self.outputs = OutputTokenRegistry(default_prior=output_prior)
+        tracker = (
+            (lambda: OutputTokenTracker(output_prior, min_samples=1)) if guessed_output else None
+        )
+        self.outputs = OutputTokenRegistry(default_prior=output_prior, factory=tracker)
+        self.cold = cold_start
+        self.probing = False
         self.largest = 1
         self.quota = RateLimitState()
         self._sent: deque[tuple[float, int]] = deque(maxlen=64)  # (time, tokens) per request
@@ -87,6 +107,10 @@ class Planning:
     def predict(self, input_tokens: int, output_tokens: int) -> float:
         """Predicted seconds (a p95) of one request of these sizes."""
         return self.latency.predict(input_tokens, output_tokens).total
+
+    def probe_sent(self) -> None:
+        """A cold call was sent alone as a probe: hold the others until a reply."""
+        self.probing = True
 
     def plan_item(self, item: Any, partition: Hashable, deadline: float, now: float) -> PlanItem:
         """The planner's view of a new call: its token estimates and deadline."""
@@ -117,6 +141,7 @@ class Planning:
 
     def request_done(self, report: Report) -> None:
         """Learn from one request: quotas, whether replies stream, latency, output sizes."""
+        self.cold = self.probing = False
         if report.schema_broken or report.contradicted:
             self.replies_arrive_whole()  # answers are held for the reply's end from now on
         if report.error_headers:

@@ -1,0 +1,223 @@
+"""The cold start: before any reply, a probe goes alone and later calls are held.
+
+Pure decisions (:func:`cold_start`) and the budget policy over hand-built planner state
+(:class:`Planning`, no event loop, no clock): the probe, the hold and its end, and how a
+reply ends the cold start and sizes the held calls with what it taught.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from coalesce._batching.policy import DispatchReason, Due, Hold
+from coalesce._planning.latency import LatencyPrior
+from coalesce._planning.planner import (
+    HOLD_GUARD,
+    ColdStart,
+    PlanItem,
+    PlanLimits,
+    Predict,
+    cold_start,
+    group_tokens,
+    latest_start,
+)
+from coalesce._planning.policy import BudgetPolicy
+from coalesce._planning.state import Planning
+from coalesce._planning.tokens import CharacterEstimator
+from coalesce.providers import Completion, Usage
+
+
+def linear(overhead: float = 0.5, prefill: float = 0.0, decode: float = 0.02) -> Predict:
+    return lambda i, o: overhead + prefill * i + decode * o
+
+
+# One item alone: 0.5 + 0.02 * (40 + 10) = 1.5 s; two, streamed or not, at least 2.5 s.
+PREDICT = linear()
+LIMITS = PlanLimits(
+    max_items=8, max_wait=0.05, per_item_overhead_tokens=10, per_item_output_overhead_tokens=10
+)
+
+
+def item(deadline: float = 2.0, arrival: float = 0.0, out: int = 40) -> PlanItem:
+    return PlanItem(input_tokens=20, output_tokens=out, deadline=deadline, arrival=arrival)
+
+
+# -- the pure decision ----------------------------------------------------------------
+
+
+def test_the_first_call_goes_alone_as_a_probe_when_no_pair_fits_but_one_call_leaves_slack() -> None:
+    assert latest_start([item(), item()], LIMITS, PREDICT) < 0  # the prior admits no pair
+    decision = cold_start(item(), LIMITS, PREDICT, 0.0, probing=False)
+    assert decision == ColdStart(probe=True, hold_until=pytest.approx(0.5 - HOLD_GUARD))
+
+
+def test_while_the_probe_is_out_later_calls_are_held_until_they_could_only_just_leave_alone() -> (
+    None
+):
+    decision = cold_start(item(2.1, arrival=0.1), LIMITS, PREDICT, 0.1, probing=True)
+    assert decision == ColdStart(probe=False, hold_until=pytest.approx(2.1 - 1.5 - HOLD_GUARD))
+
+
+def test_a_budget_the_prior_can_pack_is_planned_as_usual() -> None:
+    assert cold_start(item(deadline=5.0), LIMITS, PREDICT, 0.0, probing=False) is None
+    assert cold_start(item(deadline=5.0), LIMITS, PREDICT, 0.0, probing=True) is None
+
+
+@pytest.mark.parametrize("deadline", [1.5, 1.5 + HOLD_GUARD / 2, 1.0])
+def test_without_slack_beyond_one_call_nothing_is_held(deadline: float) -> None:
+    # Just enough for one call, or not even that (then admit() sends it alone: SOLO).
+    assert cold_start(item(deadline), LIMITS, PREDICT, 0.0, probing=False) is None
+    assert cold_start(item(deadline), LIMITS, PREDICT, 0.0, probing=True) is None
+
+
+def test_groups_of_one_and_calls_without_budget_have_no_cold_start() -> None:
+    alone = PlanLimits(max_items=1)
+    assert cold_start(item(), alone, PREDICT, 0.0, probing=False) is None
+    assert cold_start(item(math.inf), LIMITS, PREDICT, 0.0, probing=False) is None
+
+
+@given(
+    deadline=st.floats(0.0, 30.0),
+    now=st.floats(0.0, 10.0),
+    out=st.integers(0, 500),
+    overhead=st.floats(0.0, 3.0),
+    decode=st.floats(0.0, 0.05),
+    probing=st.booleans(),
+)
+def test_a_hold_never_outlasts_the_last_moment_the_call_could_leave_alone(
+    deadline: float, now: float, out: int, overhead: float, decode: float, probing: bool
+) -> None:
+    new, predict = item(deadline, arrival=now, out=out), linear(overhead, decode=decode)
+    decision = cold_start(new, LIMITS, predict, now, probing=probing)
+    if decision is not None:
+        assert decision.probe is not probing
+        solo = predict(*group_tokens([new], LIMITS))
+        assert now < decision.hold_until <= new.deadline - solo - HOLD_GUARD + 1e-9
+
+
+# -- the policy over the planner's state ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Call:
+    """A call as planning sees it (:class:`~coalesce._planning.reports.Planned`)."""
+
+    item: Any
+    plan: PlanItem | None
+    partition: Any = None
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One request's report, as planning reads it (:class:`~coalesce._planning.reports.Report`)."""
+
+    completion: Completion | None
+    now: float
+    items: int = 1
+    plain: bool = True
+    text: bool = False
+    streamed: bool = True
+    partition: Any = None
+    schema_broken: bool = False
+    contradicted: tuple[str, ...] = ()
+    error: BaseException | None = None
+    error_headers: dict[str, str] | None = None
+    slots: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "error_headers", self.error_headers or {})
+
+
+def planning(*, guessed_output: bool = True, cold_start: bool = True) -> Planning:
+    limits = PlanLimits(max_items=20, max_wait=0.05, shared_tokens=600, streaming=True)
+    return Planning(
+        limits, 50, LatencyPrior(), CharacterEstimator(), guessed_output=guessed_output,
+        cold_start=cold_start,
+    )  # fmt: skip
+
+
+def call(state: Planning, now: float = 0.0, budget: float = 2.0) -> Call:
+    return Call("q", state.plan_item("q", None, now + budget, now))
+
+
+def fast_reply(now: float) -> Reply:
+    """A plain call answered in 0.3 s, 0.2 s to its first token, 12 tokens written."""
+    usage = Usage(input_tokens=640, output_tokens=12)
+    return Reply(Completion("an answer", "stop", usage, ttft=0.2, seconds=0.3), now=now)
+
+
+def test_a_cold_policy_probes_then_holds_then_plans_with_what_the_probe_taught() -> None:
+    state = planning()
+    policy = BudgetPolicy(state)
+    first, second, third = call(state), call(state), call(state)
+    assert policy.before_add([], first, 0.0) is DispatchReason.PROBE
+    assert state.probing
+    hold = policy.before_add([], second, 0.0)
+    assert isinstance(hold, Hold)
+    solo = state.predict(*group_tokens([second.plan], state.limits))  # type: ignore[list-item]
+    assert hold.until == pytest.approx(2.0 - solo - HOLD_GUARD)
+    # The probe's reply ends the cold start; the held calls, offered again, group.
+    state.request_done(fast_reply(now=0.3))  # type: ignore[arg-type]
+    assert not state.cold
+    assert not state.probing
+    assert policy.before_add([], second, 0.3) is None
+    assert policy.before_add([second], third, 0.3) is None  # a pair fits now
+    # They waited past max_wait already: the pair is due at once.
+    assert policy.after_add([second, third], 0.3) == Due(0.05, DispatchReason.WINDOW)
+
+
+def test_held_calls_are_sized_with_the_answer_size_the_first_reply_taught() -> None:
+    state = planning()
+    held = call(state)
+    assert held.plan is not None
+    assert held.plan.output_tokens == 50  # the guess for free text
+    state.request_done(fast_reply(now=0.3))  # type: ignore[arg-type]
+    assert state.outputs.expected(None) == 12  # one reply replaces the guess
+    due = BudgetPolicy(state).after_add([held], 0.3)
+    fresh = Planning.plan_item(state, "q", None, 2.0, 0.0)
+    assert due == BudgetPolicy(state).after_add([Call("q", fresh)], 0.3)
+
+
+def test_a_declared_or_bounded_answer_size_is_not_replaced_by_one_reply() -> None:
+    state = planning(guessed_output=False)
+    state.request_done(fast_reply(now=0.3))  # type: ignore[arg-type]
+    assert state.outputs.expected(None) == 50  # ten replies are needed, as before
+
+
+def test_a_reply_that_failed_also_ends_the_cold_start() -> None:
+    state = planning()
+    policy = BudgetPolicy(state)
+    assert policy.before_add([], call(state), 0.0) is DispatchReason.PROBE
+    state.request_done(Reply(None, now=0.4, error=RuntimeError("500")))  # type: ignore[arg-type]
+    assert not state.cold
+    # Planned by the prior from now on: no pair fits, so the window goes first.
+    assert policy.before_add([call(state)], call(state), 0.4) is DispatchReason.DEADLINE
+
+
+def test_when_packing_cannot_pay_there_is_no_cold_start() -> None:
+    state = planning(cold_start=False)
+    policy = BudgetPolicy(state)
+    assert policy.before_add([], call(state), 0.0) is None
+    assert policy.before_add([call(state)], call(state), 0.0) is DispatchReason.DEADLINE
+
+
+def test_after_the_hold_a_cold_call_is_planned_as_the_prior_says() -> None:
+    state = planning()
+    policy = BudgetPolicy(state)
+    assert policy.before_add([], call(state), 0.0) is DispatchReason.PROBE
+    held = call(state)
+    hold = policy.before_add([], held, 0.0)
+    assert isinstance(hold, Hold)
+    # Released at the end of its hold, the probe still out: no second hold, and it
+    # leaves at once, in time as the prior predicts.
+    assert policy.before_add([], held, hold.until) is None
+    assert policy.after_add([held], hold.until).at <= hold.until
+    assert held.plan is not None
+    solo = state.predict(*group_tokens([held.plan], state.limits))
+    assert hold.until + solo < held.plan.deadline
