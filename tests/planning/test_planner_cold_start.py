@@ -82,6 +82,52 @@ def test_groups_of_one_and_calls_without_budget_have_no_cold_start() -> None:
     assert cold_start(item(math.inf), LIMITS, PREDICT, 0.0, probing=False) is None
 
 
+# A typical duration, below the p95. One item alone: 0.6 + 0.01 * (40 + 10) = 1.1 s.
+CENTRAL = linear(0.6, decode=0.01)
+
+
+def test_with_a_typical_duration_the_hold_lasts_until_a_typical_call_could_only_just_leave() -> (
+    None
+):
+    # The p95 says one call takes 1.5 s; typically 1.1 s: hold until 2.0 - 1.1.
+    decision = cold_start(item(), LIMITS, PREDICT, 0.0, probing=True, central=CENTRAL)
+    assert decision == ColdStart(probe=False, hold_until=pytest.approx(0.9 - HOLD_GUARD))
+
+
+def test_the_hold_never_passes_the_midpoint_a_probe_replying_then_would_leave_no_room() -> None:
+    # A typical 0.3 s would hold until 1.7 s; a reply at 1.7 s would mean calls take 1.7 s.
+    decision = cold_start(item(), LIMITS, PREDICT, 0.0, probing=True, central=linear(0.0, 0, 0.005))
+    assert decision == ColdStart(probe=False, hold_until=pytest.approx(1.0 - HOLD_GUARD))
+
+
+def test_a_typical_duration_never_ends_a_hold_earlier_than_the_p95_would() -> None:
+    slower = linear(1.0, decode=0.02)  # "typical" above the p95: the p95's hold stands
+    decision = cold_start(item(), LIMITS, PREDICT, 0.0, probing=True, central=slower)
+    assert decision == ColdStart(probe=False, hold_until=pytest.approx(0.5 - HOLD_GUARD))
+
+
+@given(
+    deadline=st.floats(0.0, 30.0),
+    now=st.floats(0.0, 10.0),
+    out=st.integers(0, 500),
+    overhead=st.floats(0.0, 3.0),
+    decode=st.floats(0.0, 0.05),
+    share=st.floats(0.1, 1.0),
+)
+def test_a_typical_hold_ends_by_the_midpoint_and_by_a_typical_calls_last_moment(
+    deadline: float, now: float, out: int, overhead: float, decode: float, share: float
+) -> None:
+    new, predict = item(deadline, arrival=now, out=out), linear(overhead, decode=decode)
+    central = linear(overhead * share, decode=decode * share)
+    decision = cold_start(new, LIMITS, predict, now, probing=True, central=central)
+    if decision is not None:
+        by_p95 = new.deadline - predict(*group_tokens([new], LIMITS)) - HOLD_GUARD
+        by_typical = new.deadline - central(*group_tokens([new], LIMITS)) - HOLD_GUARD
+        midpoint = now + (new.deadline - now) / 2 - HOLD_GUARD
+        assert now < decision.hold_until
+        assert decision.hold_until == pytest.approx(max(by_p95, min(by_typical, midpoint)))
+
+
 @given(
     deadline=st.floats(0.0, 30.0),
     now=st.floats(0.0, 10.0),
@@ -160,8 +206,10 @@ def test_a_cold_policy_probes_then_holds_then_plans_with_what_the_probe_taught()
     assert state.probing
     hold = policy.before_add([], second, 0.0)
     assert isinstance(hold, Hold)
-    solo = state.predict(*group_tokens([second.plan], state.limits))  # type: ignore[list-item]
-    assert hold.until == pytest.approx(2.0 - solo - HOLD_GUARD)
+    tokens = group_tokens([second.plan], state.limits)  # type: ignore[list-item]
+    typical = 2.0 - state.predict_typical(*tokens)  # below the prior's p95
+    assert typical > 2.0 - state.predict(*tokens)
+    assert hold.until == pytest.approx(min(typical, 1.0) - HOLD_GUARD)
     # The probe's reply ends the cold start; the held calls, offered again, group.
     state.request_done(fast_reply(now=0.3))  # type: ignore[arg-type]
     assert not state.cold
@@ -214,10 +262,10 @@ def test_after_the_hold_a_cold_call_is_planned_as_the_prior_says() -> None:
     held = call(state)
     hold = policy.before_add([], held, 0.0)
     assert isinstance(hold, Hold)
-    # Released at the end of its hold, the probe still out: no second hold, and it
-    # leaves at once, in time as the prior predicts.
-    assert policy.before_add([], held, hold.until) is None
-    assert policy.after_add([held], hold.until).at <= hold.until
+    # Released at the end of its hold, the probe still out: no second hold; it leaves
+    # alone at once, in time as the prior typically is (its p95 says late: SOLO).
+    assert policy.before_add([], held, hold.until) is DispatchReason.SOLO
     assert held.plan is not None
-    solo = state.predict(*group_tokens([held.plan], state.limits))
-    assert hold.until + solo < held.plan.deadline
+    tokens = group_tokens([held.plan], state.limits)
+    assert hold.until + state.predict_typical(*tokens) < held.plan.deadline
+    assert hold.until + state.predict(*tokens) > held.plan.deadline

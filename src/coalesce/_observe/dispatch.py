@@ -58,13 +58,16 @@ class DispatchListener:
 
     def __call__(self, reason: DispatchReason, jobs: Sequence[Job]) -> None:
         planning, predict, predicted = self.planning, None, None
-        plans = [job.plan for job in jobs if job.plan is not None]
-        if planning is not None and plans:
+        if planning is not None and any(job.plan is not None for job in jobs):
+            # Sized as the planner sizes them now (what replies taught since they came).
+            plans = [planning.sized(job.plan, job.partition) for job in jobs if job.plan]
             predict = request_predictor(planning)
             predicted = predict(plans)
             if reason is DispatchReason.SOLO:  # as the planner predicted it, alone
                 for plan in plans:
-                    self.recorder.unmeetable(predict([plan]), plan.deadline - plan.arrival)
+                    alone, budget = predict([plan]), plan.deadline - plan.arrival
+                    if alone > budget:  # not one that waited (a hold) and is now late
+                        self.recorder.unmeetable(alone, budget)
         left = min((job.deadline for job in jobs), default=math.inf) - anyio.current_time()
         number = self.recorder.dispatched(
             reason, len(jobs), predicted=predicted, time_left=left if math.isfinite(left) else None

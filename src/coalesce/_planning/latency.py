@@ -44,7 +44,7 @@ _PRIOR_FLOOR = 1e-3  # seconds; floor of the relative-error denominator
 # In units of the prior, the prior's covariance is ``I + c 11'`` with ``c`` this much, so
 # a first reply that measures only a total (no TTFT) moves all three coefficients, not
 # mostly the largest share of that total. Its inverse is the ridge penalty's matrix.
-_COMMON_SPEED = 0.5
+_COMMON_SPEED = 2.0
 _PRIOR_PRECISION = [
     [(1.0 if i == j else 0.0) - _COMMON_SPEED / (1 + 3 * _COMMON_SPEED) for j in range(3)]
     for i in range(3)

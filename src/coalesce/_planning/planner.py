@@ -387,7 +387,13 @@ class ColdStart(NamedTuple):
 
 
 def cold_start(
-    new: PlanItem, limits: PlanLimits, predict: Predict, now: float, *, probing: bool
+    new: PlanItem,
+    limits: PlanLimits,
+    predict: Predict,
+    now: float,
+    *,
+    probing: bool,
+    central: Predict | None = None,
 ) -> ColdStart | None:
     """Decide a call's fate while no reply of its function has been measured yet.
 
@@ -395,10 +401,21 @@ def cold_start(
     sent now, would be predicted to miss its deadline) but the budget leaves room beyond
     one call (``new`` could wait and still leave alone in time), the prior may be too
     slow: the first such call goes alone at once (a probe), and while it is in flight
-    (``probing``) the others are held until ``hold_until``, the last moment they could
-    still leave alone (less :data:`HOLD_GUARD`), or until the probe's reply has taught
-    the model, whichever comes first. On a provider as slow as the prior says, the
-    reply comes after the hold ends, and the held calls go as the prior plans them.
+    (``probing``) the others are held until ``hold_until`` or until the probe's reply
+    has taught the model, whichever comes first.
+
+    How long to hold: a held call can leave alone in time until its deadline less one
+    call's duration. The prior's p95 of that duration (``predict``) is its worst case,
+    above what most providers take; holding only that long would often end the hold
+    before the probe's reply. With ``central`` (a typical duration, between the prior's
+    mean and its p95), the hold lasts until the deadline less that duration, but never
+    past the midpoint between ``now`` and the deadline: a probe that replies within the
+    hold took at most that long, so a held call sent alone when it replies, taking as
+    long, is still in time. On a provider as slow as the prior's mean, the probe's
+    reply comes after the hold, the held calls leave alone when it ends and are
+    answered by their deadline: nothing changes but the wait. Without ``central``, the
+    hold ends when a call could only just leave alone by the p95. Never earlier than
+    that, either way; :data:`HOLD_GUARD` before each limit.
 
     Returns ``None`` when this does not apply and the call is planned as usual: groups
     of one only, the prior admitting a pair, or no time to wait (a call predicted late
@@ -410,12 +427,17 @@ def cold_start(
         predict: Predicted duration of one request, as the prior says.
         now: The current time.
         probing: Whether a probe was sent and no reply has come yet.
+        central: Typical duration of one request, as the prior says.
     """
     if limits.max_items < 2 or math.isinf(new.deadline):
         return None
     hold_until = new.deadline - _finish((new,), limits, predict) - HOLD_GUARD
     if hold_until <= now or latest_start((new, new), limits, predict) >= now:
         return None
+    if central is not None:
+        typical = new.deadline - _finish((new,), limits, central)
+        midpoint = now + (new.deadline - now) / 2
+        hold_until = max(hold_until, min(typical, midpoint) - HOLD_GUARD)
     return ColdStart(probe=not probing, hold_until=hold_until)
 
 

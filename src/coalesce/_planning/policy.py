@@ -9,7 +9,6 @@ over the calls' plans and what :class:`~coalesce._planning.state.Planning` knows
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 from .._batching.policy import DispatchReason, Due, Hold
@@ -44,7 +43,12 @@ class BudgetPolicy:
         plan = self._plan(item)
         if planning.cold:
             cold = cold_start(
-                plan, planning.limits, planning.predict, now, probing=planning.probing
+                plan,
+                planning.limits,
+                planning.predict,
+                now,
+                probing=planning.probing,
+                central=planning.predict_typical,
             )
             if cold is not None and cold.probe:
                 planning.probe_sent()
@@ -63,13 +67,9 @@ class BudgetPolicy:
         return due(plans, self.planning.limits, self.planning.predict)
 
     def _plan(self, job: Planned) -> PlanItem:
-        plan = job.plan
-        if plan is None:
+        if job.plan is None:
             raise ValueError("a call planned against a budget needs its plan")
-        expected = self.planning.outputs.expected(job.partition)
-        if plan.output_tokens != expected:
-            return dataclasses.replace(plan, output_tokens=expected)
-        return plan
+        return self.planning.sized(job.plan, job.partition)
 
     def _plans(self, jobs: Sequence[Planned]) -> list[PlanItem]:
         return [self._plan(job) for job in jobs]

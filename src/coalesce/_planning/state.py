@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections import deque
 from collections.abc import Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -108,6 +109,12 @@ class Planning:
         """Predicted seconds (a p95) of one request of these sizes."""
         return self.latency.predict(input_tokens, output_tokens).total
 
+    def predict_typical(self, input_tokens: int, output_tokens: int) -> float:
+        """Seconds one request of these sizes typically takes: the geometric middle of
+        the mean and the p95 (:meth:`predict`), a margin half the p95's (in ratio)."""
+        mean = self.latency.predict_mean(input_tokens, output_tokens).total
+        return math.sqrt(mean * self.predict(input_tokens, output_tokens))
+
     def probe_sent(self) -> None:
         """A cold call was sent alone as a probe: hold the others until a reply."""
         self.probing = True
@@ -120,6 +127,14 @@ class Planning:
             deadline=deadline,
             arrival=now,
         )
+
+    def sized(self, plan: PlanItem, partition: Hashable) -> PlanItem:
+        """``plan`` with the answer size expected now rather than when the call arrived
+        (a call held through a cold start is sized by what the first reply taught)."""
+        expected = self.outputs.expected(partition)
+        if plan.output_tokens == expected:
+            return plan
+        return dataclasses.replace(plan, output_tokens=expected)
 
     def may_reask(self, items: Sequence[PlanItem], deadline: float, now: float) -> bool:
         """When the token quota binds, spend tokens only on re-asks that can be on time."""
