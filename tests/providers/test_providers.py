@@ -36,7 +36,7 @@ from coalesce.providers import (
     RetryAdvice,
     Usage,
 )
-from coalesce.providers._anthropic import finish_reason
+from coalesce.providers._anthropic import NONSTREAMING_MAX_TOKENS, finish_reason, nonstreaming_cap
 from coalesce.providers._http import chat_url, retry_after, status_advice
 from coalesce.testing import RateLimit, SimulatedProvider, expected_output
 
@@ -184,6 +184,23 @@ async def test_anthropic_sends_a_forced_tool_and_default_cap() -> None:
     assert args["tools"][0]["input_schema"] == packed.reply_schema
     assert args["system"] == packed.system
     assert args["messages"] == [{"role": "user", "content": packed.user}]
+
+
+async def test_anthropic_caps_a_packed_requests_tokens_where_the_sdk_demands_streaming(
+    sim: SimulatedProvider,
+) -> None:
+    # Twenty callers' caps of 4,096 add up to 81,920: the SDK refuses that without
+    # streaming (ValueError), so the packed request asks for the most it may.
+    provider = AnthropicProvider(sim.anthropic_client())
+    request, packed = packed_request(max_output_tokens=20 * 4096)
+    assert provider.arguments(request)["max_tokens"] == NONSTREAMING_MAX_TOKENS == 21_333
+    assert_round_trip(await provider.complete(request), packed)
+    assert [r.status for r in sim.requests] == [200]
+    streamed, _ = packed_request(max_output_tokens=20 * 4096, stream=True)
+    assert provider.arguments(streamed)["max_tokens"] == 20 * 4096  # streaming may ask more
+    opus, _ = packed_request(max_output_tokens=20 * 4096)
+    opus = dataclasses.replace(opus, model="claude-opus-4-0")  # the SDK's own, lower limit
+    assert provider.arguments(opus)["max_tokens"] == nonstreaming_cap("claude-opus-4-0") < 21_333
 
 
 async def test_openai_sends_a_strict_schema() -> None:

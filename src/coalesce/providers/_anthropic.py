@@ -24,7 +24,26 @@ __all__ = ["DEFAULT_MAX_TOKENS", "AnthropicProvider", "finish_reason"]
 #: ``max_tokens`` sent when the request sets no cap (Anthropic requires one).
 DEFAULT_MAX_TOKENS = 4096
 
+#: The largest ``max_tokens`` the SDK sends without streaming: above it (a request that
+#: might take over ten minutes at its assumed speed, 128,000 tokens an hour) it raises
+#: ``ValueError`` and asks for streaming. A packed request's cap is its callers' caps
+#: added up and can pass it; it is lowered to this (a reply that long is never needed).
+NONSTREAMING_MAX_TOKENS = 128_000 * 10 // 60
+
 _STOPPED = frozenset({"end_turn", "tool_use", "stop_sequence"})
+
+
+def nonstreaming_cap(model: str) -> int:
+    """The largest ``max_tokens`` the SDK accepts for ``model`` without streaming: its
+    own per-model limit (``anthropic._constants.MODEL_NONSTREAMING_TOKENS``) where it
+    has one, else :data:`NONSTREAMING_MAX_TOKENS`."""
+    try:
+        from anthropic._constants import MODEL_NONSTREAMING_TOKENS
+    except ImportError:  # an SDK without the table: the general limit
+        return NONSTREAMING_MAX_TOKENS
+    return min(
+        NONSTREAMING_MAX_TOKENS, MODEL_NONSTREAMING_TOKENS.get(model, NONSTREAMING_MAX_TOKENS)
+    )
 
 
 def finish_reason(stop_reason: str | None) -> str:
@@ -170,6 +189,8 @@ class AnthropicProvider(SDKProvider["anthropic.AsyncAnthropic"]):
             if request.max_output_tokens is None
             else request.max_output_tokens,
         }
+        if not request.stream:
+            args["max_tokens"] = min(args["max_tokens"], nonstreaming_cap(request.model))
         if request.reply_schema is not None:
             args["tools"] = [anthropic_tool(request.reply_schema, name=request.schema_name)]
             args["tool_choice"] = {"type": "tool", "name": request.schema_name}
