@@ -25,13 +25,20 @@ from . import _defaults
 from ._batching.stats import BatcherStatistics
 from ._engine.engine import Engine
 from ._engine.spec import FunctionSpec, LaneChoice, Options
-from ._exceptions import ConfigurationError
+from ._exceptions import ConfigurationError, InvalidInputError
 from ._lanes.router import LaneRouter
 from ._observe.recorder import EventHook, PromptStatistics
 from ._planning.latency import LatencyPrior
 from ._planning.tokens import TokenEstimator
 from ._pricing import Price
-from ._validate import check_callable, jsonable, partition_of
+from ._validate import (
+    ArgumentTypes,
+    bind_arguments,
+    check_callable,
+    json_path,
+    jsonable,
+    partition_of,
+)
 from .providers._client import as_provider
 
 __all__ = ["PromptFunction", "prompt"]
@@ -56,12 +63,14 @@ class PromptFunction(Generic[P, Out]):
         fn: Callable[P, Awaitable[Any]],
         lanes: LaneRouter,
         partition: Callable[..., Hashable] | None = None,
+        types: ArgumentTypes | None = None,
     ) -> None:
         self._fn = fn
         self._lanes = lanes
         self._engine = lanes.engine
         self._partition = partition
         self._signature = inspect.signature(fn)
+        self._types = types
         self._instance: Any = _UNBOUND
         functools.update_wrapper(self, fn)
 
@@ -86,6 +95,45 @@ class PromptFunction(Generic[P, Out]):
         partition = self._key(args, kwargs)
         return await self._lanes.submit(item, partition=partition)  # type: ignore[no-any-return]
 
+    def _arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The call's arguments by parameter name (without ``self`` on an instance),
+        checked against the signature and the annotations.
+
+        Raises:
+            TypeError: They do not fit the signature (naming the function and parameter).
+            InvalidInputError: One does not validate against its annotation.
+        """
+        name, shown = self._engine.spec.name, self._signature
+        if self._instance is not _UNBOUND:
+            parameters = list(self._signature.parameters.values())[1:]
+            shown = self._signature.replace(parameters=parameters)
+        bound = bind_arguments(self._signature, args, kwargs, name=name, shown=shown)
+        arguments = dict(bound.arguments)
+        if self._instance is not _UNBOUND:
+            del arguments[next(iter(self._signature.parameters))]  # self is not the item
+        if self._types is not None:
+            self._check_types(self._types, arguments)
+        return arguments
+
+    def _check_types(self, types: ArgumentTypes, arguments: dict[str, Any]) -> None:
+        """Validate the arguments against their annotations; an argument that also
+        cannot be sent as JSON at all (bytes, an arbitrary object) gets that reason,
+        which names the fix."""
+        single = len(arguments) == 1
+
+        def field(name: str) -> str:
+            return "$" if single else json_path("$", name)
+
+        try:
+            types.check(arguments, field)
+        except InvalidInputError as exc:
+            mistyped = exc
+        else:
+            return
+        for name, value in arguments.items():
+            self._jsonable(value, field(name), f"argument {name!r}")
+        raise mistyped
+
     def _key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable:
         """This call's partition key; a partition function that fails fails this call only."""
         if self._partition is None:
@@ -96,17 +144,15 @@ class PromptFunction(Generic[P, Out]):
         """The call's item as JSON data.
 
         Raises:
-            InvalidInputError: An argument (or what the body returned) cannot be sent as
-                JSON; only this call fails, before it joins a group.
+            TypeError: The arguments do not fit the function's signature.
+            InvalidInputError: An argument does not validate against its annotation, or
+                it (or what the body returned) cannot be sent as JSON; only this call
+                fails, before it joins a group.
         """
-        bound = self._signature.bind(*args, **kwargs)
-        bound.apply_defaults()
+        arguments = self._arguments(args, kwargs)
         produced = await self._fn(*args, **kwargs)
         if produced is not None and produced is not Ellipsis:
             return self._jsonable(produced, "$", "the value its body returned")
-        arguments = dict(bound.arguments)
-        if self._instance is not _UNBOUND:
-            del arguments[next(iter(self._signature.parameters))]  # self is not the item
         if len(arguments) == 1:
             ((name, value),) = arguments.items()
             return self._jsonable(value, "$", f"argument {name!r}")
@@ -139,9 +185,11 @@ class PromptFunction(Generic[P, Out]):
 
 
 def prompt(
+    fn: None = None,  # a bare ``@coalesce.prompt``, refused with how to call it
+    /,
     *,
-    client: Any,
-    model: str,
+    client: Any = None,
+    model: str | None = None,
     instructions: str | None = None,
     max_wait: float = _defaults.PROMPT_MAX_WAIT,
     max_items: int = _defaults.PROMPT_MAX_ITEMS,
@@ -172,32 +220,42 @@ def prompt(
     vote: bool = False,
     **request_options: Any,
 ) -> Callable[[Callable[P, Awaitable[Out]]], PromptFunction[P, Out]]:
-    """Turn ``async def f(<item params>) -> Out`` into an LLM call that coalesces.
+    """Turn ``async def f(<item>) -> Out`` (docstring = instructions) into a coalescing call.
 
-    Docstring = instructions, arguments = item, return annotation = output type.
     Args:
         client, model, instructions: An ``AsyncOpenAI``, ``AsyncAnthropic``, Provider or
             async callable; the model; the shared instructions (default: the docstring).
         max_wait, max_items, max_concurrency, latency_budget: Longest wait for company (0.05 s);
             items per request (4); requests in flight (no limit); seconds a caller may wait.
         partition, max_attempts, max_retries: ``partition(*args, **kwargs) -> key``; tries (4, 4).
-        max_output_tokens, stream, dedupe: Cap on each reply's tokens (default: the
-            provider's); answer as each output streams (True); identical items share a slot.
-        expected_output_tokens, latency_prior: What the planner assumes at first.
-        token_estimator, prices: Counts input tokens (tiktoken); a Price or a table of them.
-        on_event, timeout: Called with each event; longest attempt (default: budget, or 60 s).
+        max_output_tokens, stream, dedupe: Reply token cap; stream answers (True); share items.
+        expected_output_tokens, latency_prior, token_estimator, prices, on_event, timeout:
+            The planner's first assumptions; token counter; Price(s); event hook; attempt limit.
         context_window, schema_enforced, packing: The model's window; whether replies follow
             the schema; ``"auto"``: pack only where cheaper than plain calls, or ``"always"``.
-        lane: ``"auto"`` (by budget: minutes flex, a day batch), ``"realtime"``, ``"flex"``, ``"batch"``.
-        store, batch_window, batch_client: Job store path; deferred lanes' window (60 s), client.
+        lane, store, batch_window, batch_client: ``"auto"`` (by budget), ``"realtime"``,
+            ``"flex"``, ``"batch"``; job store path; deferred lanes' window (60 s), client.
         shadow, min_agreement, agree, vote: Fraction of packed items also asked alone; agreement
             under which the group cap comes down (0.9); ``agree(a, b)`` (``==``); ask in two orders.
         **request_options: Passed to the provider (``temperature=0``...); not misspellings.
 
-    Raises:
-        ConfigurationError: A bad or misspelt option, or function (``docs/inputs.md``).
+    Raises ``ConfigurationError`` (bad option or function, bare decorator); see docs/prompt.md.
     """
+    if fn is not None:
+        raise _bare(fn)
     return _decorator(*_split_keywords(locals()), request_options)
+
+
+def _bare(fn: object) -> ConfigurationError:
+    """The error of ``@coalesce.prompt`` used without parentheses (or given a function)."""
+    name = getattr(fn, "__qualname__", repr(fn))
+    short = getattr(fn, "__name__", "f")
+    return ConfigurationError(
+        f"@coalesce.prompt needs its options, in parentheses: it cannot know which client and"
+        f" model to ask for {name}. Write @coalesce.prompt(client=openai.AsyncOpenAI(),"
+        f' model="gpt-4o-mini") above async def {short}(...) (any AsyncOpenAI or'
+        " AsyncAnthropic client, Provider or async callable, and its model name)"
+    )
 
 
 def _decorator(
@@ -280,7 +338,8 @@ def _decorate(
         raise ConfigurationError(
             f"{fn.__qualname__} has no instructions: give it a docstring or instructions="
         )
-    adapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(_output_type(fn))
+    hints = _hints(fn)
+    adapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(_output_type(fn, hints))
     spec = FunctionSpec(
         name=fn.__qualname__,
         provider=as_provider(client),
@@ -290,18 +349,23 @@ def _decorate(
         validate=adapter.validate_python,
         request_options=dict(request_options),
     )
-    return PromptFunction(fn, LaneRouter(Engine(spec, options)), partition)
+    types = ArgumentTypes(inspect.signature(fn), hints, name=fn.__qualname__)
+    return PromptFunction(fn, LaneRouter(Engine(spec, options)), partition, types)
 
 
-def _output_type(fn: Any) -> Any:
-    """The return annotation, resolved (``from __future__ import annotations`` too)."""
+def _hints(fn: Any) -> dict[str, Any]:
+    """The function's annotations, resolved (``from __future__ import annotations`` too)."""
     try:
-        hints = typing.get_type_hints(fn, include_extras=True)
+        return typing.get_type_hints(fn, include_extras=True)
     except Exception as exc:
         raise ConfigurationError(
-            f"cannot resolve the return annotation of {fn.__qualname__}: {exc}; define the"
-            " output type at module level (or import it) so it can be looked up"
+            f"cannot resolve the annotations of {fn.__qualname__}: {exc}; define the types"
+            " it names at module level (or import them) so they can be looked up"
         ) from exc
+
+
+def _output_type(fn: Any, hints: Mapping[str, Any]) -> Any:
+    """The output type: the return annotation, checked."""
     if "return" not in hints:
         raise ConfigurationError(
             f"{fn.__qualname__} has no return annotation, and it is the type of each call's"

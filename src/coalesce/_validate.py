@@ -15,22 +15,37 @@ the problem is, as a JSON path (``$.tags[2]``, ``$["a b"]``: :func:`json_path`):
   cannot carry: NaN or infinity, a lone surrogate, which UTF-8 cannot encode, a key
   that is not a string or a number, a circular reference, any other object.
 
-Both search the item for the offending part with one walk (:func:`_search`).
+Both search the item for the offending part with one walk (:func:`_search`). Before
+either, :func:`bind_arguments` fits a call to its function's signature (a ``TypeError``
+naming the function and the parameter) and :class:`ArgumentTypes` checks each argument
+against its annotation with pydantic (an :class:`~coalesce.InvalidInputError` naming
+the function and the parameter).
+
+:func:`warn_caller` aims a warning at the user's line, the first frame outside
+coalesce and the event loop running it.
 """
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import json
 import math
+import os
+import sys
+import warnings
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pydantic
 import pydantic_core
 
 from ._exceptions import ConfigurationError, InvalidInputError
 
 __all__ = [
+    "ArgumentTypes",
+    "bind_arguments",
     "check_callable",
     "check_int",
     "check_item",
@@ -39,6 +54,7 @@ __all__ = [
     "json_path",
     "jsonable",
     "partition_of",
+    "warn_caller",
 ]
 
 _BINARY = (bytes, bytearray, memoryview)
@@ -125,6 +141,202 @@ def partition_of(
             " a str, an int or a tuple of them"
         ) from exc
     return key  # type: ignore[no-any-return]
+
+
+# -- a call's arguments against its function ---------------------------------------------
+
+
+def bind_arguments(
+    signature: inspect.Signature,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    *,
+    name: str,
+    shown: inspect.Signature | None = None,
+) -> inspect.BoundArguments:
+    """``args`` and ``kwargs`` bound to ``signature``, its defaults applied.
+
+    Args:
+        signature: The function's signature.
+        args: The call's positional arguments (``self`` first, on a method).
+        kwargs: Its keyword arguments.
+        name: The function's name, for the message.
+        shown: The signature its callers see (without ``self`` on a method).
+
+    Raises:
+        TypeError: The arguments do not fit: the message names the function, each
+            unexpected keyword (and the parameter it may misspell), what is missing,
+            and how to call it.
+    """
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        problems = _misfits(signature, args, kwargs) or [str(exc)]
+        call = f"{name.rsplit('.', 1)[-1]}{_plain(shown or signature)}"
+        raise TypeError(
+            f"{name}() got arguments that do not fit it: {'; '.join(problems)}; call it as {call}"
+        ) from None
+    bound.apply_defaults()
+    return bound
+
+
+def _misfits(
+    signature: inspect.Signature, args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> list[str]:
+    """What is wrong with a call that does not bind: unexpected keywords, then what
+    Python says of the rest (a missing argument, too many positional ones...)."""
+    parameters = signature.parameters
+    if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        unexpected: list[str] = []
+    else:
+        unexpected = [key for key in kwargs if key not in parameters]
+    names = [
+        n for n, p in parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+    problems = [
+        f"an unexpected keyword argument {key!r}{_did_you_mean(key, names)}" for key in unexpected
+    ]
+    try:
+        signature.bind(*args, **{k: v for k, v in kwargs.items() if k not in unexpected})
+    except TypeError as rest:
+        problems.append(str(rest))
+    return problems
+
+
+def _did_you_mean(key: str, names: Sequence[str]) -> str:
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _plain(signature: inspect.Signature) -> str:
+    """``(ticket, lang='en')``: the signature without annotations, as a call reads."""
+    empty = inspect.Parameter.empty
+    parameters = [p.replace(annotation=empty) for p in signature.parameters.values()]
+    return str(signature.replace(parameters=parameters, return_annotation=empty))
+
+
+class ArgumentTypes:
+    """Each annotated parameter's pydantic validator, run on every call before it is sent.
+
+    Validation is pydantic's lax mode (``"42"`` passes for an ``int``; ``42`` and
+    ``None`` do not pass for a ``str``) and only checks: the item is made from the
+    values as the caller passed them. A parameter without an annotation, annotated
+    ``Any``, or of a type pydantic cannot validate, is not checked.
+    """
+
+    def __init__(
+        self, signature: inspect.Signature, hints: Mapping[str, Any], *, name: str
+    ) -> None:
+        """
+        Args:
+            signature: The function's signature.
+            hints: Its resolved annotations (``typing.get_type_hints``).
+            name: The function's name, for the messages.
+        """
+        self.name = name
+        self._checks: dict[str, tuple[Any, pydantic.TypeAdapter[Any]]] = {}
+        for parameter in signature.parameters.values():
+            hint = hints.get(parameter.name, Any)
+            if hint is Any:
+                continue
+            if parameter.kind is parameter.VAR_POSITIONAL:
+                hint = tuple[hint, ...]  # type: ignore[valid-type]
+            elif parameter.kind is parameter.VAR_KEYWORD:
+                hint = dict[str, hint]  # type: ignore[valid-type]
+            adapter = _adapter(hint)
+            if adapter is not None:
+                self._checks[parameter.name] = (hint, adapter)
+
+    def check(self, arguments: Mapping[str, Any], field: Callable[[str], str]) -> None:
+        """Validate each argument against its parameter's annotation.
+
+        Args:
+            arguments: The bound arguments, by parameter name.
+            field: The JSON path of a parameter's value in the item (``"$"``, ``"$.text"``).
+
+        Raises:
+            InvalidInputError: An argument does not validate: naming the function, the
+                parameter, its type, the value and pydantic's reason; ``field`` is where.
+        """
+        for name, value in arguments.items():
+            if name not in self._checks:
+                continue
+            hint, adapter = self._checks[name]
+            try:
+                adapter.validate_python(value)
+            except pydantic.ValidationError as exc:
+                raise self._refused(name, hint, exc, field(name)) from exc
+
+    def _refused(
+        self, name: str, hint: Any, error: pydantic.ValidationError, field: str
+    ) -> InvalidInputError:
+        first = error.errors()[0]
+        path = field
+        for part in first["loc"]:
+            path = f"{path}[{part}]" if isinstance(part, int) else json_path(path, part)
+        where = "" if path == field else f" (at {path})"
+        more = error.error_count() - 1
+        also = f" (and {more} more problem{'s' * (more > 1)})" if more else ""
+        return InvalidInputError(
+            f"{self.name}: argument {name!r} must be {_type_name(hint)}{where}: {first['msg']},"
+            f" got {_short(first['input'])} ({type(first['input']).__name__}){also};"
+            " nothing was sent",
+            field=path,
+        )
+
+
+def _adapter(hint: Any) -> pydantic.TypeAdapter[Any] | None:
+    """A validator for ``hint``: pydantic's, else an ``isinstance`` check for a plain
+    class, else ``None`` (not checked)."""
+    try:
+        return pydantic.TypeAdapter(hint)
+    except Exception:  # a type pydantic has no schema for
+        pass
+    try:
+        config = pydantic.ConfigDict(arbitrary_types_allowed=True)
+        return pydantic.TypeAdapter(hint, config=config)
+    except Exception:
+        return None
+
+
+def _type_name(hint: Any) -> str:
+    if isinstance(hint, type) and not getattr(hint, "__args__", None):
+        return hint.__qualname__
+    return repr(hint).replace("typing.", "")
+
+
+def _short(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
+
+
+# -- warnings aimed at the user's line ----------------------------------------------------
+
+# Packages whose frames are not the caller's: coalesce itself, and the event loops that
+# run it (a warning raised in a task has the loop's frames below it, not the user's).
+_NOT_THE_CALLER = ("coalesce", "anyio", "asyncio", "trio")
+
+
+def warn_caller(message: str, category: type[Warning]) -> None:
+    """Warn, pointing at the first frame outside coalesce and the event loop running it
+    (what Python 3.12's ``skip_file_prefixes`` does, on 3.10 too).
+
+    Args:
+        message: The warning's text.
+        category: Its class (:class:`~coalesce.CoalesceWarning`).
+    """
+    warnings.warn(message, category, stacklevel=_outside_stacklevel())
+
+
+def _outside_stacklevel() -> int:
+    """The ``stacklevel`` of :func:`warn_caller`'s ``warnings.warn`` that names its first
+    caller outside ``_NOT_THE_CALLER``."""
+    files = (getattr(sys.modules.get(name), "__file__", None) for name in _NOT_THE_CALLER)
+    dirs = tuple(os.path.dirname(os.path.abspath(file)) + os.sep for file in files if file)
+    frame, level = sys._getframe(2), 2  # warn_caller's caller, as stacklevel=2 names it
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(dirs):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def json_path(path: str, key: Any) -> str:
@@ -216,7 +428,10 @@ def jsonable(value: Any, *, field: str, subject: str) -> Any:
 
     Binary data is refused anywhere in plain lists and dicts, even when it would decode
     as UTF-8: a prompt carries text, and pydantic would otherwise decode some bytes and
-    fail on others.
+    fail on others. So are dict keys JSON cannot write faithfully: a tuple or frozenset
+    key (pydantic would write ``(1, 2)`` as ``"1,2"``), a binary or non-finite one, and
+    keys that JSON would write as one (``1`` and ``"1"``). Other keys are written as JSON
+    writes them: ``{1: "a", "b": 2}`` as ``{"1": "a", "b": 2}``.
 
     Args:
         value: One call's item, or one of its fields.
@@ -230,6 +445,11 @@ def jsonable(value: Any, *, field: str, subject: str) -> Any:
     binary = _search(value, field, _BINARY_PARTS, set())
     if binary is not None:
         raise _refused(subject, field, *binary)
+    keys = _search(value, field, _KEY_PARTS, set())
+    if keys is not None:
+        path, problem = keys
+        where = "" if path == field else f" at {path}"
+        raise InvalidInputError(f"{subject}{where} {problem}", field=path)
     try:
         return pydantic_core.to_jsonable_python(value)
     except (TypeError, ValueError) as exc:
@@ -258,9 +478,63 @@ def _not_jsonable(value: Any) -> bool:
     return False
 
 
+def _unwritable_key(key: Any, path: str) -> Found | None:
+    """A key JSON cannot write as itself: a container, binary data, NaN or infinity."""
+    kind = type(key).__name__
+    if isinstance(key, (tuple, frozenset)):
+        text = _key_text(key)
+        becomes = "" if text is None else f", and this one would arrive as {json.dumps(text)}"
+        return path, (
+            f"has the {kind} key {_short(key)}, which JSON cannot write faithfully (an"
+            f" object's keys are strings{becomes}); use string keys, or a list of pairs"
+        )
+    if isinstance(key, _BINARY):
+        return (
+            path,
+            f"has {_article(kind)} {kind} key, which a prompt cannot carry; decode it to str",
+        )
+    if isinstance(key, float) and not math.isfinite(key):
+        return path, f"has the key {key!r}, which JSON cannot write; use a string key"
+    return None
+
+
+def _colliding_keys(value: Any, path: str) -> Found | None:
+    """Two keys JSON would write as one (``1`` and ``"1"``): one value would be lost."""
+    if all(type(key) is str for key in value):
+        return None
+    seen: dict[str, Any] = {}
+    for key in value:
+        text = _key_text(key)
+        if text is None:
+            continue
+        if text in seen:
+            return path, (
+                f"has the keys {_short(seen[text])} and {_short(key)}, which JSON writes as"
+                f" one key {json.dumps(text)}, losing a value; make them distinct strings"
+            )
+        seen[text] = key
+    return None
+
+
+def _key_text(key: Any) -> str | None:
+    """The string pydantic writes for ``key`` as an object's key, or ``None`` if none."""
+    try:
+        converted = pydantic_core.to_jsonable_python({key: None})
+    except (TypeError, ValueError):
+        return None
+    return next(iter(converted), None) if isinstance(converted, dict) else None
+
+
+def _nothing(value: Any, path: str) -> Found | None:
+    return None
+
+
 # A container met again inside itself is judged whole, as one at the depth limit is.
 _BINARY_PARTS = _Rules(_when(_is_binary), _when(_is_binary), max_depth=_MAX_DEPTH)
 _UNCONVERTIBLE_PARTS = _Rules(_when(_not_jsonable), _when(_not_jsonable), max_depth=_MAX_DEPTH)
+_KEY_PARTS = _Rules(
+    _nothing, _nothing, key=_unwritable_key, keys=_colliding_keys, max_depth=_MAX_DEPTH
+)
 
 
 def _refused(subject: str, field: str, path: str, value: Any) -> InvalidInputError:

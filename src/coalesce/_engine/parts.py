@@ -14,7 +14,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -43,6 +42,7 @@ from .._planning.policy import BudgetPolicy
 from .._planning.state import Planning
 from .._planning.tokens import TokenEstimator, estimator_for
 from .._pricing import PromptCache, price_of
+from .._validate import warn_caller
 from .admission import Admission, ContextPolicy, admission_for
 from .group import Group, packs, run_group, run_plain
 from .spec import FunctionSpec, Options, keyed_replies
@@ -230,7 +230,7 @@ def cache_key(spec: FunctionSpec) -> str:
 
 
 def _warn_packing_cannot_pay(spec: FunctionSpec, footprint: Footprint, max_items: int) -> None:
-    warnings.warn(
+    warn_caller(
         f"{spec.name}: packing cannot pay for this function: each plain call pays"
         f" ~{footprint.plain_shared} shared tokens (instructions and output schema), while"
         f" each packed item adds ~{footprint.item_frame} in and ~{footprint.answer_frame} out and"
@@ -238,7 +238,6 @@ def _warn_packing_cannot_pay(spec: FunctionSpec, footprint: Footprint, max_items
         " less than plain calls. Its calls are sent at once, as plain calls. Longer"
         " shared instructions (or a larger max_items) make packing pay.",
         CoalesceWarning,
-        stacklevel=6,
     )
 
 

@@ -16,13 +16,12 @@ import gzip
 import hashlib
 import importlib.util
 import os
-import sys
 import tempfile
 import threading
-import warnings
 from typing import Any
 
 from coalesce._exceptions import CoalesceWarning
+from coalesce._validate import warn_caller
 
 __all__ = ["encoding", "encoding_name_for", "forget_encodings"]
 
@@ -157,26 +156,12 @@ def _bundled(name: str) -> Any:
 
 # Packages whose frames are not the caller's: coalesce itself, and the event loops that
 # run it (a count made in a task has the loop's frames below it, not the user's).
-_NOT_THE_CALLER = ("coalesce", "anyio", "asyncio", "trio")
-
-
-def _outside_stacklevel() -> int:
-    """The ``stacklevel`` that points :func:`_warn_once`'s warning at its first caller
-    outside ``_NOT_THE_CALLER`` (Python 3.12's ``skip_file_prefixes``, on 3.10)."""
-    files = (getattr(sys.modules.get(name), "__file__", None) for name in _NOT_THE_CALLER)
-    dirs = tuple(os.path.dirname(os.path.abspath(file)) + os.sep for file in files if file)
-    frame, level = sys._getframe(2), 2  # _warn_once's caller, as stacklevel=2 names it
-    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(dirs):
-        frame, level = frame.f_back, level + 1
-    return level
-
-
 def _warn_once(key: str, message: str) -> None:
     """Warn once per process per ``key``, pointing at the first caller outside coalesce."""
     if key in _warned:
         return
     _warned.add(key)
-    warnings.warn(message, CoalesceWarning, stacklevel=_outside_stacklevel())
+    warn_caller(message, CoalesceWarning)
 
 
 def _resolve(name: str) -> tuple[Any, str]:
