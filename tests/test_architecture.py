@@ -154,6 +154,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("coalesce._engine",),
     ("coalesce._lanes",),
     ("coalesce._wrap", "coalesce._prompt"),
+    # The HTTP gateway (``coalesce serve``): a surface over the drop-in client.
+    ("coalesce._gateway",),
 ]
 #: Outside the layers: the public surface, the command line, the demo, the simulator.
 TOP = ("coalesce", "coalesce.__main__", "coalesce.cli", "coalesce._demo", "coalesce.testing")

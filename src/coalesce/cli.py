@@ -30,6 +30,12 @@ def _parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     commands.add_parser(
+        "serve",
+        help="serve an OpenAI- and Anthropic-compatible gateway that coalesces every client's"
+        " calls (see docs/gateway.md)",
+        add_help=False,
+    )
+    commands.add_parser(
         "jobs",
         help="list, show, wait for, cancel and resume the batch lane's jobs; write their results",
         add_help=False,
@@ -44,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     never with a traceback.
     """
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] in ("demo", "jobs", "simulate"):
+    if args and args[0] in ("demo", "jobs", "serve", "simulate"):
         try:
             return _command(args[0], args[1:])
         except ConfigurationError as exc:  # a value argparse let through (inf, nan...)
@@ -65,6 +71,10 @@ def _command(name: str, argv: list[str]) -> int:
         from ._lanes.jobs_cli import main as jobs
 
         return jobs(argv)
+    if name == "serve":
+        from ._gateway.server import main as serve
+
+        return serve(argv)
     from .testing._cli import main as simulate
 
     return simulate(argv)

@@ -1,0 +1,97 @@
+"""The gateway as an ASGI app (Starlette): its routes, and its life from startup to
+shutdown.
+
+* ``POST /v1/chat/completions``, ``/v1/responses``, ``/v1/messages``: coalesced
+  (:mod:`.routes`);
+* ``GET /healthz`` (the process answers), ``GET /readyz`` (it takes calls: started and
+  not stopping), ``GET /metrics`` (Prometheus, :mod:`.metrics`);
+* every other method and path: proxied untouched (:mod:`.proxy`).
+
+Startup opens the upstream clients (:meth:`~.upstream.Upstreams.open`); shutdown, which
+the server runs once the calls in flight have their replies, closes them: what still
+waits in an engine is sent and awaited first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .config import GatewayConfig
+from .metrics import CONTENT_TYPE
+from .proxy import proxy
+from .routes import APIS, Api, answer
+from .state import GatewayState
+from .upstream import Upstreams
+
+__all__ = ["METHODS", "create_app", "gateway_of"]
+
+#: Every method the proxy passes on.
+METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def gateway_of(app: Starlette) -> GatewayState:
+    """The state of the gateway ``app`` serves."""
+    state: GatewayState = app.state.gateway
+    return state
+
+
+def _coalescing(state: GatewayState, api: Api) -> Endpoint:
+    async def endpoint(request: Request) -> Response:
+        return await answer(state, api, request)
+
+    return endpoint
+
+
+def _routes(state: GatewayState) -> list[Route]:
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(request: Request) -> Response:
+        ready = state.ready
+        return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
+
+    async def metrics(request: Request) -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+    async def other(request: Request) -> Response:
+        return await proxy(state, request)
+
+    own = [
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    coalesced = [Route(api.path, _coalescing(state, api), methods=["POST"]) for api in APIS]
+    return [*own, *coalesced, Route("/{path:path}", other, methods=METHODS)]
+
+
+def create_app(config: GatewayConfig, state: GatewayState | None = None) -> Starlette:
+    """The gateway's ASGI app for ``config``.
+
+    Args:
+        config: Its settings.
+        state: Its state (a new one by default; pass one to watch it from outside).
+    """
+    gateway = state if state is not None else GatewayState(config)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        gateway.upstreams = Upstreams.open(config, gateway.metrics)
+        try:
+            yield
+        finally:
+            gateway.draining = True
+            await gateway.upstreams.aclose()
+            gateway.upstreams = None
+
+    app = Starlette(routes=_routes(gateway), lifespan=lifespan)
+    app.state.gateway = gateway
+    return app

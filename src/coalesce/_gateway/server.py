@@ -1,0 +1,133 @@
+"""``coalesce serve``: the gateway under uvicorn, from the command line.
+
+It binds the socket itself (so ``--port 0`` works and the address is printed once it
+accepts connections), then serves until SIGTERM or Ctrl-C. Stopping is graceful:
+``/readyz`` turns 503 at once, the socket stops accepting, the calls in flight get
+their replies (their groups go within their budgets) for up to ``graceful_timeout``
+seconds, then the upstream clients are closed and the process exits with status 0.
+
+Importing this module imports none of the gateway's dependencies (Starlette, uvicorn,
+prometheus-client, the SDKs): :func:`main` does, and says which extra to install if
+one is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from .config import GatewayConfig, load_config
+
+__all__ = ["bind", "main", "run"]
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (0: a free port).
+
+    Raises:
+        OSError: The address cannot be bound.
+    """
+    # IPPROTO_TCP named, not left 0: asyncio sets TCP_NODELAY only on sockets whose
+    # protocol says TCP, and without it a kept-alive client waits ~40 ms for each reply
+    # whose headers and body go in two writes (Nagle against delayed ACKs).
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    # Listening before the address is printed: a client that reads it and connects at
+    # once waits in the backlog until uvicorn accepts, instead of being refused.
+    sock.listen(2048)
+    return sock
+
+
+def run(config: GatewayConfig, sock: socket.socket) -> None:
+    """Serve the gateway of ``config`` on ``sock`` until told to stop (see the module doc)."""
+    import uvicorn
+
+    from .app import create_app
+    from .state import GatewayState
+
+    state = GatewayState(config)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            state.draining = True  # /readyz says so while the calls in flight finish
+            super().handle_exit(sig, frame)
+
+    options = uvicorn.Config(
+        create_app(config, state),
+        lifespan="on",
+        log_level=config.log_level,
+        access_log=False,  # its lines carry query strings; the gateway logs its own
+        timeout_graceful_shutdown=math.ceil(config.graceful_timeout),
+    )
+    with _stop_quietly():
+        Server(options).run(sockets=[sock])
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run ``coalesce serve ARGV``; returns the exit status (0 after a clean stop, 2 when
+    it cannot start: a dependency missing, an address that cannot be bound).
+
+    Raises:
+        ConfigurationError: A setting is out of range (the command line prints it).
+    """
+    args = list(argv[1:] if argv[:1] == ["serve"] else argv)
+    config = load_config(args)
+    try:
+        import anthropic  # noqa: F401
+        import openai  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        print(
+            f"coalesce serve needs {exc.name}: pip install 'coalesce-llm[gateway]'",
+            file=sys.stderr,
+        )
+        return 2
+    from .logs import configure, logger
+
+    configure(config.log_level)
+    try:
+        sock = bind(config.host, config.port)
+    except OSError as exc:
+        print(
+            f"coalesce serve: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr
+        )
+        return 2
+    host, port = sock.getsockname()[:2]
+    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    print(f"coalesce gateway listening on {url}", flush=True)
+    print(f"  OpenAI base_url: {url}/v1   Anthropic base_url: {url}", flush=True)
+    logger.info("coalesce gateway starting: %s", config.describe())
+    run(config, sock)
+    return 0
+
+
+@contextlib.contextmanager
+def _stop_quietly() -> Iterator[None]:
+    """Let Ctrl-C and SIGTERM end the server with status 0.
+
+    uvicorn shuts down gracefully on these signals, then raises them again with the
+    handlers it found; ignoring them here makes that a no-op.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,126 @@
+"""The gateway's clients of its upstreams: one wrapped SDK client per provider, and one
+plain HTTP client for every path it proxies untouched.
+
+Per provider the gateway holds one ``coalesce.wrap``-ed SDK client
+(``openai.AsyncOpenAI`` / ``anthropic.AsyncAnthropic`` with ``base_url`` at the
+upstream): its engines coalesce the calls of every client of the gateway. Each call is
+sent through a copy made with its caller's credential (:meth:`Upstream.client_for`,
+``with_options``; copies are kept per caller, the newest :data:`COPIES`); copies share
+the engines, and ``wrap`` gives a copy with other credentials engines and requests of
+its own. The partition of ``--api-key`` mode reaches ``wrap``'s ``partition=`` through
+:data:`PARTITION`, set by the route around each call.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from .._wrap import wrap
+from .callers import Caller
+from .config import GatewayConfig
+from .metrics import GatewayMetrics
+
+__all__ = ["COPIES", "PARTITION", "PROVIDERS", "Upstream", "Upstreams"]
+
+#: Client copies kept per provider, one per caller (the least recently used goes first).
+COPIES = 1024
+#: The providers the gateway fronts.
+PROVIDERS = ("openai", "anthropic")
+#: The call's partition in ``--api-key`` mode (a digest of its client key), read by
+#: ``wrap``'s ``partition=`` function in the calling task.
+PARTITION: ContextVar[str | None] = ContextVar("coalesce_gateway_partition", default=None)
+#: The root clients' key in pass-through mode: never sent, since every call goes
+#: through a copy holding its own caller's key.
+_UNSET_KEY = "coalesce-gateway-no-key"
+
+
+def _partition(**_: Any) -> str | None:
+    return PARTITION.get()
+
+
+@dataclass
+class Upstream:
+    """One provider's wrapped client and its copies per caller.
+
+    Attributes:
+        provider: ``"openai"`` or ``"anthropic"``.
+        client: The wrapped SDK client (with the gateway's upstream key in ``--api-key``
+            mode, else a key that is never sent).
+        base_url: The upstream's base URL, as configured.
+        has_key: Whether the client holds a real upstream key (``--api-key`` mode).
+    """
+
+    provider: str
+    client: Any
+    base_url: str
+    has_key: bool = False
+    _copies: OrderedDict[str, Any] = field(default_factory=OrderedDict, repr=False)
+
+    def client_for(self, caller: Caller) -> Any:
+        """The wrapped client that sends ``caller``'s calls."""
+        if not caller.options:
+            return self.client
+        copy = self._copies.get(caller.digest)
+        if copy is None:
+            copy = self.client.with_options(**caller.options)
+            self._copies[caller.digest] = copy
+            if len(self._copies) > COPIES:
+                self._copies.popitem(last=False)  # shares the engines: nothing to close
+        else:
+            self._copies.move_to_end(caller.digest)
+        return copy
+
+
+@dataclass
+class Upstreams:
+    """Every upstream client of one gateway (opened by :meth:`open`)."""
+
+    openai: Upstream
+    anthropic: Upstream
+    http: httpx.AsyncClient
+
+    @classmethod
+    def open(cls, config: GatewayConfig, metrics: GatewayMetrics) -> Upstreams:
+        """The clients of ``config``'s upstreams, reporting to ``metrics``."""
+        import anthropic
+        import openai
+
+        wrapped: dict[str, Upstream] = {}
+        keys = {"openai": config.openai_api_key, "anthropic": config.anthropic_api_key}
+        urls = {"openai": config.openai_upstream, "anthropic": config.anthropic_upstream}
+        sdks = {"openai": openai.AsyncOpenAI, "anthropic": anthropic.AsyncAnthropic}
+        for provider in PROVIDERS:
+            key = keys[provider] if config.holds_keys else None
+            plain = sdks[provider](
+                base_url=urls[provider],
+                api_key=key or _UNSET_KEY,
+                max_retries=config.max_retries,
+                timeout=config.upstream_timeout,
+            )
+            client = wrap(
+                plain,
+                max_items=config.max_items,
+                max_wait=config.max_wait,
+                latency_budget=config.budget,
+                partition=_partition,
+                on_event=metrics.hook(provider),
+            )
+            wrapped[provider] = Upstream(provider, client, urls[provider], has_key=bool(key))
+        timeout = httpx.Timeout(config.upstream_timeout, connect=30.0)
+        http = httpx.AsyncClient(timeout=timeout, follow_redirects=False)
+        return cls(wrapped["openai"], wrapped["anthropic"], http)
+
+    def of(self, provider: str) -> Upstream:
+        """The upstream of ``provider``."""
+        return self.openai if provider == "openai" else self.anthropic
+
+    async def aclose(self) -> None:
+        """Send what waits in the engines, wait for it, and close every client."""
+        for upstream in (self.openai, self.anthropic):
+            await upstream.client.aclose()
+        await self.http.aclose()
