@@ -23,6 +23,7 @@ from _integration import (
     TICKETS,
     Ticket,
     assert_coalesced,
+    expected_text,
     expected_ticket,
     gather,
 )
@@ -33,6 +34,7 @@ pytest.importorskip("langchain_openai")
 pytest.importorskip("langchain_anthropic")
 
 from langchain_anthropic import ChatAnthropic
+from langchain_core.messages import AIMessage
 from langchain_openai import ChatOpenAI
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, ASYNCIO_ONLY]
@@ -51,6 +53,22 @@ def _chat_openai(client: openai.AsyncOpenAI, url: str, **options: Any) -> ChatOp
 
 def _messages(ticket: str) -> list[tuple[str, str]]:
     return [("system", INSTRUCTIONS), ("human", ticket)]
+
+
+async def test_chat_openai_ainvoke(
+    sim: SimulatedProvider, openai_client: openai.AsyncOpenAI, url: str
+) -> None:
+    # Plain text: nothing bounds the answer's size, so the first call goes alone as a
+    # probe and the others are held for its reply (the cold start), then packed.
+    llm = _chat_openai(openai_client, url)
+
+    async def one(ticket: str) -> Any:
+        return await llm.ainvoke(_messages(ticket))
+
+    answers = await gather(one)
+    assert all(type(answer) is AIMessage for answer in answers)
+    assert [answer.content for answer in answers] == [expected_text(t) for t in TICKETS]
+    assert_coalesced(sim)
 
 
 @pytest.mark.parametrize("use_responses_api", [False, True], ids=["chat", "responses_api"])
