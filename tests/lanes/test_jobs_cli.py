@@ -352,6 +352,25 @@ def test_python_dash_m_coalesce_jobs_list_reads_the_store(path: Path) -> None:
     ]
 
 
+def test_a_reader_that_leaves_early_ends_the_command_quietly(path: Path) -> None:
+    # `coalesce jobs list | head -1`: the pipe's reader is gone before the table is
+    # written (its read end is closed here before the command starts).
+    two_jobs(path)
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "coalesce", "jobs", "list", "--store", str(path)],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (141, "")  # as SIGPIPE would end it
+
+
 def test_coalesce_help_lists_the_jobs_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 0
     assert "jobs" in capsys.readouterr().out

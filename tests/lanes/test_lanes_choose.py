@@ -11,7 +11,15 @@ from hypothesis import strategies as st
 
 from coalesce import ConfigurationError
 from coalesce._engine.spec import LANE_CHOICES, LaneChoice, Options
-from coalesce._lanes.choose import Lane, LaneTimes, check_lane, choose_lane
+from coalesce._lanes.choose import (
+    FLEX_RETRIES,
+    Lane,
+    LaneTimes,
+    check_lane,
+    choose_lane,
+    flex_again,
+)
+from coalesce._lanes.flex import flex_backoff
 
 ALL = frozenset(Lane)
 NO_FLEX = frozenset({Lane.REALTIME, Lane.BATCH})
@@ -85,3 +93,30 @@ def test_the_lane_names_have_one_source_and_one_rule() -> None:
         with pytest.raises(ConfigurationError) as lanes:
             check_lane(bad, frozenset(Lane))
         assert str(options.value) == str(lanes.value)
+
+
+def test_flex_backs_off_from_30_seconds_doubling_to_5_minutes() -> None:
+    assert [flex_backoff(n) for n in range(1, 7)] == [30.0, 60.0, 120.0, 240.0, 300.0, 300.0]
+
+
+@pytest.mark.parametrize(
+    ("left", "delay", "refusals", "again"),
+    [
+        (30 * 60, 30.0, 1, True),
+        (16 * 60 + 30, 30.0, 1, True),  # exactly flex's promise and window after the wait
+        (16 * 60 + 29, 30.0, 1, False),
+        (math.inf, 300.0, FLEX_RETRIES, True),  # no deadline: a few times, then real time
+        (math.inf, 300.0, FLEX_RETRIES + 1, False),
+    ],
+)
+def test_flex_is_asked_again_only_while_the_budget_covers_flex(
+    left: float, delay: float, refusals: int, again: bool
+) -> None:
+    assert flex_again(left, delay, refusals, TIMES) is again
+
+
+@given(st.floats(0, 48 * HOUR), st.floats(0, 600), st.integers(1, FLEX_RETRIES))
+def test_flex_again_keeps_choose_lanes_promise(left: float, delay: float, refusals: int) -> None:
+    # Asking flex again never sends a call where choose_lane would not have sent it.
+    if flex_again(left, delay, refusals, TIMES):
+        assert choose_lane("auto", left - delay, ALL, TIMES) in (Lane.FLEX, Lane.BATCH)

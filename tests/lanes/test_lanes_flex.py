@@ -4,6 +4,7 @@ simulated provider, on virtual time."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import anyio
@@ -77,7 +78,7 @@ async def test_flex_bills_half_of_what_the_same_requests_cost_in_real_time() -> 
     assert costs["flex"] == pytest.approx(costs["realtime"] / 2)
 
 
-async def test_a_refused_flex_group_is_answered_in_real_time_not_retried_in_flex() -> None:
+async def test_a_refused_flex_group_is_asked_in_flex_again_after_a_backoff() -> None:
     sim = SimulatedProvider(flex=FlexProcessing(unavailable=0))
     sim.inject_flex(True)  # the first flex request: 429 resource_unavailable
     fn = tagger(sim.openai_client(), max_items=5)
@@ -85,14 +86,36 @@ async def test_a_refused_flex_group_is_answered_in_real_time_not_retried_in_flex
     answers = await ask_all(fn, texts, budget=FLEX_BUDGET)
     await fn.aclose()
     assert answers == {text: expected_output(text) for text in texts}
-    assert tiers(sim)[0] == "flex"
-    assert [record.status for record in sim.requests][:1] == [429]
-    assert set(tiers(sim)[1:]) == {"default"}  # the fallback, in real time
+    assert tiers(sim) == ["flex", "flex"]  # no real-time request, at list price
+    refused, answered = sim.requests
+    assert refused.status == 429
+    assert answered.started_at - refused.finished_at == 30.0  # the backoff
     stats = fn.statistics()
-    assert stats.flex_fallbacks == 5
-    assert dict(stats.calls_by_lane) == {"realtime": 5}
-    assert stats.calls == 5  # each call counted once, not once per lane
+    assert (stats.flex_retries, stats.flex_fallbacks) == (5, 0)
+    assert dict(stats.calls_by_lane) == {"flex": 5}
+    assert stats.calls == 5  # each call counted once, not once per asking
     assert stats.retries == 0
+
+
+async def test_flex_is_asked_again_while_the_budget_allows_then_real_time_answers() -> None:
+    sim = SimulatedProvider(flex=FlexProcessing(unavailable=1.0))  # flex always refuses
+    fn = tagger(sim.openai_client(), max_items=5)
+    texts = [f"text {i}" for i in range(5)]
+    answers = await ask_all(fn, texts, budget=20 * MINUTES)
+    await fn.aclose()
+    assert answers == {text: expected_output(text) for text in texts}
+    # Asked again after 30, 60 and 120 s; after a fourth refusal a wait of 240 s
+    # would leave less than flex's promise (15 min) and window (60 s): real time.
+    assert tiers(sim) == ["flex"] * 4 + ["default"]
+    starts = [record.started_at for record in sim.requests]
+    assert [later - earlier for earlier, later in itertools.pairwise(starts[:4])] == [
+        30.0,
+        60.0,
+        120.0,
+    ]
+    stats = fn.statistics()
+    assert (stats.flex_retries, stats.flex_fallbacks) == (15, 5)
+    assert dict(stats.calls_by_lane) == {"realtime": 5}
 
 
 async def test_a_model_without_flex_falls_back_and_flex_is_not_asked_again() -> None:

@@ -9,23 +9,26 @@ job has lines, whose results (once it has ended) carry exactly the job's custom_
 The search waits for such candidates to end before deciding, so a restarted process
 may wait, but never submits a job twice. A create refused with 429 (the enqueued-token
 limit, or the rate limit) created nothing: it is sent again after a backoff, up to
-:data:`CREATE_ATTEMPTS` times.
+:data:`CREATE_ATTEMPTS` times. Each step is logged on the ``"coalesce"`` logger as it
+happens: the creation at ``INFO``, each poll at ``DEBUG``.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import anyio
 
+from .._observe.events import logger
 from .lines import LineOutcome, as_json, read_anthropic_result
 from .records import BatchJob
-from .results import JobOutcome, Poll, record_job
+from .results import CREATE_BACKOFF, JobOutcome, Poll, Progress, record_job
 from .resume import Steps, resume_jobs
 from .store import JobStore
 
-__all__ = ["CREATE_ATTEMPTS", "collect", "resume", "submit", "wait"]
+__all__ = ["CREATE_ATTEMPTS", "collect", "progress", "resume", "submit", "wait"]
 
 #: Creates of one job that 429s may refuse before the refusal stands.
 CREATE_ATTEMPTS = 12
@@ -39,14 +42,17 @@ async def submit(store: JobStore, client: Any, job: BatchJob, poll: Poll | None 
     ours = {line.custom_id for line in lines}
     found = await _find(store, client, ours, poll)
     if found is None:
-        found = await _create(client, [as_json(line.request) for line in lines], poll)
+        found = await _create(client, [as_json(line.request) for line in lines])
     await anyio.to_thread.run_sync(store.mark_submitted, job.id, found)
+    logger.log(
+        logging.INFO, "batch job %s: submitted as batch %s (%d lines)", job.id, found, len(lines)
+    )
     return found
 
 
-async def _create(client: Any, requests: list[Any], poll: Poll | None) -> str:
+async def _create(client: Any, requests: list[Any]) -> str:
     """Create the batch; a 429 (nothing was created) is retried after a backoff."""
-    delays = (poll or Poll()).delays()
+    delays = CREATE_BACKOFF.delays()
     for attempt in range(1, CREATE_ATTEMPTS + 1):
         try:
             return str((await client.messages.batches.create(requests=requests)).id)
@@ -89,14 +95,28 @@ def _total(batch: Any) -> int:
     )
 
 
+def progress(batch: Any) -> Progress:
+    """A message batch's progress; requests that ended unanswered (errored, cancelled,
+    expired) are not counted as done."""
+    counts = batch.request_counts
+    unanswered = counts.errored + counts.canceled + counts.expired
+    status = str(batch.processing_status)
+    total = counts.succeeded + unanswered + counts.processing
+    return Progress(status, counts.succeeded, total, status == "ended", unanswered)
+
+
 async def wait(client: Any, batch_id: str, poll: Poll | None = None) -> Any:
     """Poll the batch, with backoff, until it has ended; the ended batch."""
     delays = (poll or Poll()).delays()
     while True:
         batch = await client.messages.batches.retrieve(batch_id)
-        if batch.processing_status == "ended":
+        seen = progress(batch)
+        if seen.final:
+            logger.log(logging.INFO, "batch %s: %s", batch_id, seen)
             return batch
-        await anyio.sleep(delays())
+        delay = delays()
+        logger.log(logging.DEBUG, "batch %s: %s; next poll in %.0f s", batch_id, seen, delay)
+        await anyio.sleep(delay)
 
 
 async def _results(client: Any, batch_id: str) -> list[LineOutcome]:

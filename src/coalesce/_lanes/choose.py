@@ -27,7 +27,19 @@ from .._engine.spec import LANE_CHOICES, Lane, check_lane_choice
 from .._exceptions import ConfigurationError
 
 # Lane and LANE_CHOICES are defined with the option they name (``Options.lane``).
-__all__ = ["LANE_CHOICES", "Lane", "LaneTimes", "check_lane", "choose_lane"]
+__all__ = [
+    "FLEX_RETRIES",
+    "LANE_CHOICES",
+    "Lane",
+    "LaneTimes",
+    "check_lane",
+    "choose_lane",
+    "flex_again",
+]
+
+#: Most times a call flex refused for capacity is asked in flex again (a call without
+#: a deadline too) before it goes to real time.
+FLEX_RETRIES = 4
 
 
 @dataclass(frozen=True)
@@ -93,3 +105,18 @@ def choose_lane(
     if Lane.FLEX in supported and budget >= times.flex + times.collect:
         return Lane.FLEX
     return Lane.REALTIME
+
+
+def flex_again(left: float, delay: float, refusals: int, times: LaneTimes) -> bool:
+    """Whether a call flex refused for capacity ``refusals`` times may be asked in flex
+    again after waiting ``delay`` seconds: at most :data:`FLEX_RETRIES` times, and only
+    while the budget then left (of ``left`` now) still covers flex's promise and its
+    window, the rule by which :func:`choose_lane` sent it there.
+
+    Args:
+        left: Seconds left of the call's budget now (``inf`` without a deadline).
+        delay: The backoff before asking again.
+        refusals: How many times flex refused the call so far.
+        times: When each deferred lane promises an answer.
+    """
+    return refusals <= FLEX_RETRIES and left - delay >= times.flex + times.collect

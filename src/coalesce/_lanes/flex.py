@@ -6,11 +6,13 @@ capacity: when it has none it refuses with ``429`` and the code
 ``resource_unavailable``, and a refused request is not billed. A model without flex
 refuses it with ``400`` naming ``service_tier``.
 
-Neither refusal is worth retrying in flex while a caller waits: the call is asked
-again in real time, at list price, with what is left of its budget
-(:meth:`coalesce._engine.engine.Engine.submit`). :class:`FlexProvider` marks the refusals as
-not retryable so that the group runner hands them back at once; :func:`flex_refused`
-recognises them.
+A refusal for capacity is not retried by the group runner (its retries are seconds
+apart, and the capacity comes back in minutes): :class:`FlexProvider` marks both
+refusals as not retryable so that the runner hands them back at once, and
+:func:`flex_refused` recognises them. The lane router then asks the call in flex
+again after a backoff (:func:`flex_backoff`), while its budget still allows flex
+(:func:`~coalesce._lanes.choose.flex_again`), and otherwise in real time, at list
+price, with what is left of its budget. A model without flex goes to real time at once.
 """
 
 from __future__ import annotations
@@ -20,13 +22,31 @@ from typing import Any
 
 from ..providers import Completion, CompletionRequest, RetryAdvice
 
-__all__ = ["FLEX_TIMEOUT", "FLEX_UNAVAILABLE", "FlexProvider", "flex_refused", "flex_unsupported"]
+__all__ = [
+    "FLEX_TIMEOUT",
+    "FLEX_UNAVAILABLE",
+    "FlexProvider",
+    "flex_backoff",
+    "flex_refused",
+    "flex_unsupported",
+]
 
 #: Longest one flex request may run (OpenAI advises a client timeout of 15 minutes).
 FLEX_TIMEOUT = 15 * 60.0
 
 #: The error code of a flex request refused for lack of capacity.
 FLEX_UNAVAILABLE = "resource_unavailable"
+
+#: The first wait before a call flex refused is asked in flex again, and the longest
+#: (the wait doubles after each refusal): capacity comes back in minutes.
+_FLEX_BACKOFF = (30.0, 300.0)
+
+
+def flex_backoff(refusals: int) -> float:
+    """Seconds to wait before asking flex again after its ``refusals``-th refusal of a
+    call (1 for the first): 30 s, doubling, at most 5 minutes."""
+    first, longest = _FLEX_BACKOFF
+    return min(longest, first * 2.0 ** (max(1, refusals) - 1))
 
 
 def _error_fields(error: BaseException) -> tuple[int | None, Mapping[str, Any]]:

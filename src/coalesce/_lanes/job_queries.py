@@ -51,6 +51,21 @@ class JobQueries(StoreConnection):
             ).fetchall()
             return [line_from_row(row, carried_keys(cur, row["custom_id"])) for row in rows]
 
+    def unanswered_lines(self) -> list[StoredLine]:
+        """Lines that got no answer (their batch expired, or a 429 or 5xx) and whose
+        items are all still pending, so the same request may be sent again as it is;
+        lines of cancelled jobs left out (cancelling said not to). Oldest job first."""
+        with self._read() as cur:
+            rows = cur.execute(
+                "SELECT lines.* FROM lines JOIN jobs ON jobs.id = lines.job_id"
+                " WHERE lines.state = 'expired' AND jobs.state != 'cancelled'"
+                " AND NOT EXISTS (SELECT 1 FROM line_items"
+                " JOIN items ON items.key = line_items.item_key"
+                " WHERE line_items.custom_id = lines.custom_id AND items.state != 'pending')"
+                " ORDER BY jobs.created_at, jobs.rowid, lines.rowid"
+            ).fetchall()
+            return [line_from_row(row, carried_keys(cur, row["custom_id"])) for row in rows]
+
     def job_summary(self, job_id: str) -> JobSummary:
         """Counts of a job's lines and items by state, and its cost (see :class:`JobSummary`).
 

@@ -121,6 +121,30 @@ class JobWrites(StoreConnection):
                 (job_id,),
             )
 
+    def mark_refused(self, job_id: str, provider_batch_id: str) -> bool:
+        """The provider refused the job's batch at validation (the enqueued-token
+        limit), having run nothing of it: the job goes back to ``uploaded`` (its lines
+        to ``planned``), to be created again. Durable when it returns.
+
+        Returns:
+            Whether the job was taken back; ``False`` when it is no longer submitted as
+            that batch (another process created it again, or finished it).
+        """
+        with self._write() as cur:
+            job = require_job(cur, job_id, self.path)
+            if job.state != "submitted" or job.provider_batch_id != provider_batch_id:
+                return False
+            cur.execute(
+                "UPDATE jobs SET state = 'uploaded', provider_batch_id = NULL, updated_at = ?"
+                " WHERE id = ?",
+                (self._clock(), job_id),
+            )
+            cur.execute(
+                "UPDATE lines SET state = 'planned' WHERE job_id = ? AND state = 'submitted'",
+                (job_id,),
+            )
+            return True
+
     def finish_job(self, job_id: str, state: JobState, *, cost_usd: float | None = None) -> None:
         """End a job in ``state`` and record its cost (kept as it was when ``None``).
 

@@ -3,8 +3,10 @@
 ``list``, ``show`` and ``results`` only read: a store path that does not exist, or a
 file that is not a coalesce job store, is a one-line error (exit code 2), never a new
 empty store. ``wait``, ``cancel`` and ``resume`` also talk to the provider, through
-:mod:`coalesce._lanes.jobs_live`, and record what they learn in the (existing) store.
-Deciding and formatting are pure functions of records; :func:`main` does the I/O.
+:mod:`coalesce._lanes.jobs_live`, and record what they learn in the (existing) store;
+``resume`` also sends again, in a follow-up job, the lines that got no answer.
+Deciding and formatting are pure functions of records; :func:`main` does the I/O, and
+ends quietly when the reader of its output leaves early (:func:`emit`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sqlite3
 import sys
 from collections import Counter
@@ -23,27 +26,36 @@ from typing import Any
 
 import anyio
 
+from coalesce._defaults import MAX_ATTEMPTS
 from coalesce._exceptions import ConfigurationError
 from coalesce._lanes.jobs_live import (
+    PROGRAM_HINT,
+    RESUME_HINT,
+    Connection,
     Display,
     ProviderFailure,
     batch_id_of,
     cancel_job,
     check_base_url,
     connect,
+    follow_up_lines,
     outcome_line,
+    plan_follow_ups,
     poll_every,
     resume_job,
     wait_job,
 )
 from coalesce._lanes.paths import default_store_path
-from coalesce._lanes.records import BatchJob, JobSummary, StoredItem
+from coalesce._lanes.records import BatchJob, JobSummary, Provider, StoredItem
+from coalesce._lanes.results import POLL_INTERVAL
 from coalesce._lanes.store import JobStore
 
 __all__ = [
+    "BROKEN_PIPE",
     "LIVE_COMMANDS",
     "build_parser",
     "describe_job",
+    "emit",
     "job_table",
     "main",
     "resolve_job",
@@ -62,8 +74,11 @@ _ID_HELP = f"local job id, a unique prefix of it (>= {MIN_PREFIX} characters), o
 LIVE_COMMANDS = frozenset({"wait", "cancel", "resume"})
 """The commands that talk to the provider (the others only read the store)."""
 
-DEFAULT_POLL = 60.0
+DEFAULT_POLL = POLL_INTERVAL
 """The longest wait, in seconds, between two polls of a batch."""
+
+BROKEN_PIPE = 128 + 13
+"""The exit code when stdout's reader left early: that of a command ended by SIGPIPE."""
 
 _LIVE_EPILOG = (
     "wait, cancel and resume need the provider's API key: OPENAI_API_KEY or"
@@ -141,8 +156,26 @@ def _add_live_commands(commands: Any, store: argparse.ArgumentParser) -> None:
             command.add_argument(
                 "--provider", choices=("openai", "anthropic"), help="only this provider's jobs"
             )
+            command.add_argument(
+                "--max-attempts",
+                type=_count,
+                default=MAX_ATTEMPTS,
+                metavar="N",
+                help="most lines one item is sent in, follow-ups included"
+                f" (default: {MAX_ATTEMPTS}, as @coalesce.prompt's max_attempts)",
+            )
         else:
             command.add_argument("id", metavar="ID", help=_ID_HELP)
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return value
 
 
 def _seconds(text: str) -> float:
@@ -367,26 +400,59 @@ async def _run_live(args: argparse.Namespace) -> list[str]:
         async with connect(job.provider, args.base_url) as conn:
             with conn.calls():
                 outcome = await act(store, conn, job, poll_every(args.poll), _display(job))
-        return [outcome_line(job, outcome), *_show(store, job.id)]
+        # A cancelled job's items are the program's to ask again; resume asks the rest.
+        hint = PROGRAM_HINT if outcome.state == "cancelled" else RESUME_HINT
+        return [outcome_line(job, outcome, hint), *_show(store, job.id)]
 
 
 async def _resume(store: JobStore, args: argparse.Namespace) -> list[str]:
     jobs = [job for job in store.unfinished_jobs() if args.provider in (None, job.provider)]
-    if not jobs:
+    sources = [job for job, _ in follow_up_lines(store, args.max_attempts, args.provider)]
+    if not jobs and not sources:
         where = f" for {args.provider}" if args.provider else ""
-        return [f"no unfinished jobs{where} in the job store {store.path}"]
-    providers = list(dict.fromkeys(job.provider for job in jobs))
+        return [f"no unfinished jobs{where} in the job store {store.path}", *_pending(store)]
+    providers = list(dict.fromkeys(job.provider for job in [*jobs, *sources]))
     check_base_url(providers, args.base_url)
-    lines = []
     async with AsyncExitStack() as stack:
         # Every client first: a missing key stops the command before anything is sent.
         conns = {p: await stack.enter_async_context(connect(p, args.base_url)) for p in providers}
-        for job in jobs:
-            conn = conns[job.provider]
-            with conn.calls():
-                outcome = await resume_job(store, conn, job, poll_every(args.poll), _display(job))
-            lines.append(outcome_line(job, outcome))
-    return [*lines, "", *job_table([store.job_summary(job.id) for job in jobs])]
+        lines = await _finish_all(store, conns, jobs, args.poll, "")
+        follow_ups = plan_follow_ups(store, args.max_attempts, args.provider)
+        lines += [
+            f"follow-up {line}"
+            for line in await _finish_all(store, conns, follow_ups, args.poll, RESUME_HINT)
+        ]
+    shown = [store.job_summary(job.id) for job in [*jobs, *follow_ups]]
+    return [*lines, *_pending(store), "", *job_table(shown)]
+
+
+async def _finish_all(
+    store: JobStore,
+    conns: Mapping[Provider, Connection],
+    jobs: Sequence[BatchJob],
+    poll: float,
+    hint: str,
+) -> list[str]:
+    """Take each of ``jobs`` to its end, in order; what each gave."""
+    lines = []
+    for job in jobs:
+        conn = conns[job.provider]
+        with conn.calls():
+            outcome = await resume_job(store, conn, job, poll_every(poll), _display(job))
+        lines.append(outcome_line(job, outcome, hint))
+    return lines
+
+
+def _pending(store: JobStore) -> list[str]:
+    """A note on the items still pending that ``resume`` does not ask again."""
+    count = len(store.pending_items())
+    if not count:
+        return []
+    return [
+        f"{count} items are still pending that resume does not ask again (their line was"
+        f" answered in part, their job was cancelled, or they were asked --max-attempts"
+        f" times): the program asks them when it runs again with the same calls"
+    ]
 
 
 def _display(job: BatchJob) -> Display:
@@ -405,7 +471,25 @@ async def run_command(args: argparse.Namespace) -> int:
         lines = await _run_live(args)
     except (JobsError, ConfigurationError, ProviderFailure) as exc:
         return _failed(args.command, exc)
-    print("\n".join(lines))
+    return emit(lines)
+
+
+def emit(lines: Sequence[str]) -> int:
+    """Print ``lines`` to stdout; the exit code: 0, or :data:`BROKEN_PIPE` when the
+    reader left early (``coalesce jobs list | head -1``).
+
+    A closed pipe ends the command quietly, as SIGPIPE ends other commands: stdout is
+    pointed at ``/dev/null`` so that the interpreter's last flush finds nowhere to
+    fail, and no traceback is printed.
+    """
+    try:
+        sys.stdout.write("\n".join(lines) + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return BROKEN_PIPE
     return 0
 
 
@@ -414,7 +498,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     2, with a one-line error, on a bad ID, a missing store, an unwritable ``--out`` or a
     missing API key; 1 when the provider's API fails; 130 when interrupted (the batch
-    goes on at the provider, and ``wait`` or ``resume`` attaches to it again).
+    goes on at the provider, and ``wait`` or ``resume`` attaches to it again); 141
+    (:data:`BROKEN_PIPE`), quietly, when stdout's reader left early.
     """
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     if args.command in LIVE_COMMANDS:
@@ -431,5 +516,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         lines = _run(args)
     except (JobsError, ConfigurationError) as exc:
         return _failed(args.command, exc)
-    print("\n".join(lines))
-    return 0
+    return emit(lines)

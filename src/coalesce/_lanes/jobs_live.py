@@ -1,5 +1,7 @@
 """What ``coalesce jobs wait | cancel | resume`` do at the provider: poll a job's batch
-with a progress display, cancel it, submit it, and collect its results into the store.
+with a progress display, cancel it, submit it, collect its results into the store with
+their cost (:func:`job_cost`, the batch lane's own pricing), and plan the follow-up
+jobs ``resume`` sends for lines that got no answer (:func:`plan_follow_ups`).
 
 The provider's client is the official SDK's, built from the environment (see
 :func:`connect`). Submitting and collecting are those of the batch lane itself
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
@@ -26,12 +29,17 @@ import anyio
 
 from coalesce._exceptions import ConfigurationError
 from coalesce._lanes import anthropic_jobs, openai_jobs
-from coalesce._lanes.records import BatchJob, Provider
-from coalesce._lanes.results import JobOutcome, Poll
+from coalesce._lanes.records import BatchJob, Provider, StoredLine
+from coalesce._lanes.results import JobOutcome, Poll, Progress, follow_up_line
 from coalesce._lanes.store import JobStore
+from coalesce._observe.savings import lane_cost
+from coalesce._pricing import price_for
 
 __all__ = [
     "API",
+    "FOLLOW_UP_KEY",
+    "PROGRAM_HINT",
+    "RESUME_HINT",
     "Connection",
     "Display",
     "Progress",
@@ -41,13 +49,20 @@ __all__ = [
     "check_base_url",
     "connect",
     "duration",
+    "follow_up_lines",
+    "job_cost",
     "json_value",
     "outcome_line",
+    "plan_follow_ups",
     "poll_every",
     "progress_line",
     "resume_job",
     "wait_job",
 ]
+
+
+#: The metadata key naming the job a follow-up job asks again for.
+FOLLOW_UP_KEY = "coalesce_follow_up_of"
 
 
 class ProviderFailure(Exception):
@@ -56,31 +71,9 @@ class ProviderFailure(Exception):
 
 # --- progress: pure ------------------------------------------------------------------
 
-
-@dataclass(frozen=True)
-class Progress:
-    """A batch as one poll saw it: its status, lines finished of all, and whether it is final."""
-
-    status: str
-    done: int
-    total: int
-    final: bool
-
-
-def openai_progress(batch: Any) -> Progress:
-    """An OpenAI batch's progress (its counts are missing while it validates)."""
-    counts = batch.request_counts
-    done = 0 if counts is None else counts.completed + counts.failed
-    total = 0 if counts is None else counts.total
-    return Progress(str(batch.status), done, total, batch.status in openai_jobs.TERMINAL)
-
-
-def anthropic_progress(batch: Any) -> Progress:
-    """An Anthropic message batch's progress."""
-    counts = batch.request_counts
-    finished = counts.succeeded + counts.errored + counts.canceled + counts.expired
-    status = str(batch.processing_status)
-    return Progress(status, finished, finished + counts.processing, status == "ended")
+#: A batch's progress as one poll saw it (counts from each provider's batch object).
+openai_progress = openai_jobs.progress
+anthropic_progress = anthropic_jobs.progress
 
 
 def duration(seconds: float) -> str:
@@ -94,12 +87,17 @@ def duration(seconds: float) -> str:
 
 
 def progress_line(label: str, progress: Progress, elapsed: float, *, bar: int = 0) -> str:
-    """One progress report: a ``bar`` characters wide bar first when ``bar`` > 0."""
-    counts = f"{progress.done}/{progress.total} lines"
+    """One progress report: a ``bar`` characters wide bar first when ``bar`` > 0, its
+    lines answered drawn ``#``, those that ended unanswered ``x``."""
     if bar <= 0:
-        return f"{label}: {progress.status}, {counts} done, {duration(elapsed)}"
-    filled = bar * progress.done // progress.total if progress.total else 0
-    drawn = "#" * filled + "." * (bar - filled)
+        return f"{label}: {progress}, {duration(elapsed)}"
+    total = progress.total
+    done = bar * progress.done // total if total else 0
+    ended = bar * (progress.done + progress.unanswered) // total if total else 0
+    drawn = "#" * done + "x" * (ended - done) + "." * (bar - ended)
+    counts = f"{progress.done}/{total} lines"
+    if progress.unanswered:
+        counts += f", {progress.unanswered} unanswered"
     return f"{label} [{drawn}] {counts}  {progress.status}  {duration(elapsed)}"
 
 
@@ -138,18 +136,24 @@ class Display:
 # --- what the commands say -------------------------------------------------------
 
 
-def outcome_line(job: BatchJob, outcome: JobOutcome) -> str:
-    """What ``wait``, ``cancel`` and ``resume`` say of a job they collected."""
+#: What asks again the items a job left unanswered, as ``wait`` and ``cancel`` say.
+PROGRAM_HINT = "run the program again: its batch lane asks them in a follow-up job"
+RESUME_HINT = "`coalesce jobs resume` asks them again in a follow-up job"
+
+
+def outcome_line(job: BatchJob, outcome: JobOutcome, hint: str = PROGRAM_HINT) -> str:
+    """What ``wait``, ``cancel`` and ``resume`` say of a job they collected; ``hint``
+    says what asks its unanswered items again (empty: nothing to say)."""
     line = (
         f"job {job.id} {outcome.state}: {len(outcome.results)} results,"
         f" {len(outcome.failures)} failed"
     )
-    if not outcome.released:
-        return line
-    return (
-        f"{line}, {len(outcome.released)} unanswered and pending again (run the program"
-        f" again: its batch lane asks them in a follow-up job)"
-    )
+    if outcome.released:
+        line += f", {len(outcome.released)} unanswered and pending again"
+        line += f" ({hint})" if hint else ""
+    if outcome.usage and math.isnan(outcome.cost_usd):
+        line += f"; no price is known for {job.model}, so its cost is not recorded"
+    return line
 
 
 def check_base_url(providers: Sequence[Provider], base_url: str | None) -> None:
@@ -182,6 +186,9 @@ class Api:
     progress: Callable[[Any], Progress]
     submit: Callable[[JobStore, Any, BatchJob, Poll], Awaitable[str]]
     collect: Callable[[JobStore, Any, BatchJob, Any, Callable[[Any], Any]], Awaitable[JobOutcome]]
+    #: Whether a final batch was refused at validation, having run nothing (OpenAI's
+    #: enqueued-token limit): the job's ``submit`` creates it again.
+    refused: Callable[[Any], bool] = lambda batch: False
 
 
 API: Mapping[Provider, Api] = {
@@ -195,6 +202,7 @@ API: Mapping[Provider, Api] = {
         progress=openai_progress,
         submit=lambda store, client, job, poll: openai_jobs.submit(store, client, job, poll),
         collect=openai_jobs.collect,
+        refused=openai_jobs.token_refused,
     ),
     "anthropic": Api(
         "anthropic",
@@ -320,6 +328,56 @@ async def resume_job(
     return await _finish(store, conn, job, batch_id, poll, display)
 
 
+def follow_up_lines(
+    store: JobStore, max_attempts: int, provider: Provider | None = None
+) -> list[tuple[BatchJob, list[StoredLine]]]:
+    """Each job with lines ``resume`` sends again, and those lines, oldest job first.
+
+    They are the lines that got no answer (an expired batch, a 429 or 5xx; see
+    :meth:`~coalesce._lanes.store.JobStore.unanswered_lines`) whose items were asked
+    fewer than ``max_attempts`` times. Items released from a line that was answered in
+    part are not among them: asking them needs the function's instructions and output
+    type.
+
+    Args:
+        store: The job store.
+        max_attempts: Most lines one item may be sent in, the follow-up included.
+        provider: Only this provider's jobs (``None``: every provider's).
+    """
+    by_job: dict[str, list[StoredLine]] = {}
+    for line in store.unanswered_lines():
+        if _asked(store, line) < max_attempts:
+            by_job.setdefault(line.job_id, []).append(line)
+    jobs = {job_id: store.get_job(job_id) for job_id in by_job}
+    return [
+        (job, by_job[job_id])
+        for job_id, job in jobs.items()
+        if job is not None and provider in (None, job.provider)
+    ]
+
+
+def plan_follow_ups(
+    store: JobStore, max_attempts: int, provider: Provider | None = None
+) -> list[BatchJob]:
+    """Plan one follow-up job per job with :func:`follow_up_lines`: each line's request
+    sent again as it is, under a new ``custom_id``; the follow-ups, oldest job's first."""
+    return [
+        store.plan_job(
+            job.provider,
+            job.model,
+            job.lane,
+            [follow_up_line(line, store.new_custom_id()) for line in lines],
+            metadata={FOLLOW_UP_KEY: job.id},
+        )
+        for job, lines in follow_up_lines(store, max_attempts, provider)
+    ]
+
+
+def _asked(store: JobStore, line: StoredLine) -> int:
+    """How many lines the most asked of ``line``'s items has been sent in."""
+    return max((item.attempts for item in store.get_many(line.item_keys) if item), default=0)
+
+
 def batch_id_of(job: BatchJob, doing: str) -> str:
     """The job's batch id.
 
@@ -337,10 +395,30 @@ def batch_id_of(job: BatchJob, doing: str) -> str:
 async def _finish(
     store: JobStore, conn: Connection, job: BatchJob, batch_id: str, poll: Poll, display: Display
 ) -> JobOutcome:
+    """Watch the batch to its end (a batch refused at validation is created again, by
+    the job's own ``submit``), collect its results and record its cost."""
     batch = await watch(conn, batch_id, poll, display)
-    return await conn.api.collect(store, conn.client, job, batch, json_value)
+    if conn.api.refused(batch):
+        current = await anyio.to_thread.run_sync(store.get_job, job.id)
+        batch_id = await conn.api.submit(store, conn.client, current or job, poll)
+        batch = await watch(conn, batch_id, poll, display)
+    outcome = await conn.api.collect(store, conn.client, job, batch, json_value)
+    outcome.cost_usd = job_cost(job, outcome)
+    if not math.isnan(outcome.cost_usd):
+        await anyio.to_thread.run_sync(
+            lambda: store.finish_job(job.id, outcome.state, cost_usd=outcome.cost_usd)  # type: ignore[arg-type]
+        )
+    return outcome
+
+
+def job_cost(job: BatchJob, outcome: JobOutcome) -> float:
+    """What the lines of ``outcome`` cost, at the price of the job's model
+    (:data:`~coalesce.DEFAULT_PRICES`) and lane, as the batch lane prices them in
+    process; NaN when the model has no price."""
+    price = price_for(job.model)
+    return sum((lane_cost(line.usage, price, job.lane) for line in outcome.usage), 0.0)
 
 
 def poll_every(longest: float) -> Poll:
     """Polls from 5 s (or ``longest`` if shorter), backing off by 1.5 up to ``longest``."""
-    return Poll(first=min(5.0, longest), factor=1.5, longest=longest)
+    return Poll.every(longest)

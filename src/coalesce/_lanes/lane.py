@@ -16,16 +16,18 @@ stopped while it waited) attaches to that job instead of submitting it again.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
 from .._batching.batcher import Batcher, Resolve
 from .._engine.spec import FunctionSpec
 from .._exceptions import ItemError
+from .._observe.events import logger
 from .._observe.recorder import PromptRecorder
 from .._wire.packing import pack_request
 from .._wire.plain import plain_request
@@ -36,7 +38,20 @@ from .records import BatchJob, ItemRow, PlannedLine
 from .results import JobOutcome, Poll, plain_custom_id
 from .store import JobStore
 
-__all__ = ["BatchLane", "line_sizes"]
+__all__ = ["BatchLane", "RecordLine", "line_sizes"]
+
+
+class RecordLine(Protocol):
+    """Records one batch line's reply in the statistics; returns its cost (NaN: no
+    price). See :meth:`~coalesce._observe.listeners.StatisticsListener.line_done`."""
+
+    def __call__(self, items: int, usage: Usage, *, line: str, attempt: int) -> float: ...
+
+
+def _log(message: str) -> None:
+    """One line about the batch lane on the ``"coalesce"`` logger, at ``INFO``."""
+    logger.log(logging.INFO, "%s", message)
+
 
 #: Most lines one window sends, as one job or several (the providers' own caps).
 _MAX_WINDOW_ITEMS = 1_000_000
@@ -73,8 +88,10 @@ class BatchLane:
         poll: How often a job is polled.
         pays_from: The smallest line packing pays for (``None``: none, every line is a
             plain request); called when a window is planned, as it is learned.
-        recorder: Where its calls and lines are counted (at the batch price).
-        record_line: Records one line's reply (items, tokens) in ``recorder``; returns
+        recorder: Where its calls and lines are counted (at the batch price), and the
+            jobs it adopts from an earlier process (apart: ``adopted_*``).
+        record_line: Records one line's reply in ``recorder`` (see
+            :meth:`~coalesce._observe.listeners.StatisticsListener.line_done`); returns
             its cost in dollars (NaN when the model has no price).
     """
 
@@ -89,7 +106,7 @@ class BatchLane:
         poll: Poll | None = None,
         pays_from: Callable[[], int | None] = lambda: 2,
         recorder: PromptRecorder | None = None,
-        record_line: Callable[[int, Usage], float] | None = None,
+        record_line: RecordLine | None = None,
     ) -> None:
         self.spec, self.store, self.per_line = spec, store, per_line
         self.max_attempts, self.poll, self.pays_from = max_attempts, poll, pays_from
@@ -142,23 +159,33 @@ class BatchLane:
         await self._attach()
         for attempt in range(1, self.max_attempts + 1):
             pending = await self._pending(rows)
+            if attempt > 1 and not pending:
+                break
+            again = f" again (attempt {attempt} of {self.max_attempts})" if attempt > 1 else ""
+            _log(
+                f"{self.spec.name} (batch lane): a window of {len(rows)} calls,"
+                f" {len(pending)} items to ask{again}"
+            )
             if not pending:
                 break
             jobs = await anyio.to_thread.run_sync(self._plan, pending)
+            for job in jobs:
+                _log(f"{self.spec.name} (batch lane): batch job {job.id} planned")
             async with anyio.create_task_group() as tg:  # chunks of one window run together
                 for job in jobs:
                     tg.start_soon(self._finish, job, attempt < self.max_attempts)
         await self._answer(rows, resolve)
 
     async def _attach(self) -> None:
-        """Once per lane: finish the jobs an earlier process left unfinished."""
+        """Once per lane: finish the jobs an earlier process left unfinished. Their
+        figures are the earlier process's: counted as adopted, not as this run's."""
         async with self._attaching:
             if not self._attached:
                 outcomes = await self.runner.resume(
                     self.store, self.client, self.spec.validate, self.poll
                 )
                 for job_id, outcome in outcomes.items():
-                    await self._account(job_id, outcome)
+                    await self._account(job_id, outcome, adopted=True)
                 self._attached = True
 
     async def _finish(self, job: BatchJob, again: bool) -> None:
@@ -171,11 +198,21 @@ class BatchLane:
         if again and outcome.invalid:
             await anyio.to_thread.run_sync(self.store.retry_items, outcome.invalid)
 
-    async def _account(self, job_id: str, outcome: JobOutcome) -> None:
-        """Count a collected job's lines in the statistics; record its cost in the store."""
-        if self.record_line is None:
-            return
-        spent = sum(self.record_line(items, usage) for items, usage in outcome.usage)
+    async def _account(self, job_id: str, outcome: JobOutcome, *, adopted: bool = False) -> None:
+        """Count a collected job's lines in the statistics (an ``adopted`` job's apart);
+        record its cost in the store."""
+        spent = math.nan
+        if adopted and self.recorder is not None:
+            spent = self.recorder.adopted([line.usage for line in outcome.usage])
+        elif self.record_line is not None:
+            record = self.record_line
+            spent = sum(
+                (record(n, usage, line=cid, attempt=k) for cid, n, usage, k in outcome.usage), 0.0
+            )
+        _log(
+            f"{self.spec.name} (batch lane): {'adopted ' if adopted else ''}batch job {job_id}"
+            f" {outcome}" + ("" if math.isnan(spent) else f", ${spent:.6f}")
+        )
         if not math.isnan(spent):
             await anyio.to_thread.run_sync(
                 lambda: self.store.finish_job(job_id, outcome.state, cost_usd=spent)  # type: ignore[arg-type]
@@ -194,17 +231,17 @@ class BatchLane:
         for size in line_sizes(len(rows), self.per_line, self.pays_from()):
             lines.append(self._line(rows[start : start + size]))
             start += size
-        limits = self.limits
         by_id = {line.custom_id: line for line in lines}
-        return [
-            self.store.plan_job(
+        jobs = []
+        for part in chunk([line.request for line in lines], self.limits):
+            job = self.store.plan_job(
                 "openai" if self.kind == "openai" else "anthropic",
                 self.spec.model,
                 "batch",
                 [by_id[str(body["custom_id"])] for body in part],
             )
-            for part in chunk([line.request for line in lines], limits)
-        ]
+            jobs.append(job)
+        return jobs
 
     def _line(self, rows: Sequence[ItemRow]) -> PlannedLine:
         spec, structured = self.spec, self.spec.provider.structured

@@ -8,33 +8,46 @@ The order of writes is what makes a crash harmless (see :mod:`coalesce._lanes.st
 3. before creating the batch, the provider's list is searched for a batch whose
    metadata names this job (a crash between create and step 4 left one there);
    only if there is none is the batch created, with that metadata;
-4. the batch id is recorded (``submitted``), once the batch is past validation: a
-   batch refused for the enqueued-token limit (too many tokens of the model already
-   queued) is created again after a backoff, up to :data:`CREATE_ATTEMPTS` times (the
-   search in step 3 skips such refused batches).
+4. the batch id is recorded (``submitted``) as soon as the create returns, while the
+   batch validates, so that ``coalesce jobs`` sees it and can wait for it. A batch
+   refused at validation for the enqueued-token limit (too many tokens of the model
+   already queued) takes the job back to ``uploaded`` and is created again after a
+   backoff, up to :data:`CREATE_ATTEMPTS` times (the search in step 3 skips such
+   refused batches).
 
 A process started again calls :func:`resume`: every unfinished job continues from the
 step it reached, so nothing is submitted (or billed) twice. Results are read by
 ``custom_id`` from the output and error files; a packed line's reply is split per item
 and validated; lines that did not finish (expiry, cancellation, 429/5xx) release their
-items for a follow-up job.
+items for a follow-up job. Each step is logged on the ``"coalesce"`` logger as it
+happens: the upload and the creation at ``INFO``, each poll at ``DEBUG``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import anyio
 
+from .._observe.events import logger
 from .lines import LineOutcome, jsonl, read_openai_line
 from .records import JOB_METADATA_KEY, BatchJob
-from .results import JobOutcome, Poll, record_job
+from .results import CREATE_BACKOFF, JobOutcome, Poll, Progress, record_job
 from .resume import Steps, resume_jobs
 from .store import JobStore
 
-__all__ = ["CREATE_ATTEMPTS", "collect", "resume", "submit", "token_refused", "wait"]
+__all__ = [
+    "CREATE_ATTEMPTS",
+    "collect",
+    "progress",
+    "resume",
+    "submit",
+    "token_refused",
+    "wait",
+]
 
 #: Batch states after which nothing more will happen.
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
@@ -52,31 +65,73 @@ def token_refused(batch: Any) -> bool:
     )
 
 
+def progress(batch: Any) -> Progress:
+    """A batch's progress; lines that ended unanswered (failed, cancelled, expired)
+    are not counted as done. Its counts are missing while it validates."""
+    counts = batch.request_counts
+    done = 0 if counts is None else counts.completed
+    total = 0 if counts is None else counts.total
+    unanswered = 0 if counts is None else counts.failed
+    return Progress(str(batch.status), done, total, batch.status in TERMINAL, unanswered)
+
+
 async def submit(store: JobStore, client: Any, job: BatchJob, poll: Poll | None = None) -> str:
-    """Take ``job`` from wherever it stopped to ``submitted``; its batch id."""
-    if job.provider_batch_id is not None:
-        return job.provider_batch_id
-    found = await _find(client, job.id)
-    if found is not None:
-        await anyio.to_thread.run_sync(store.mark_submitted, job.id, found)
-        return found
-    file_id = job.input_file_id or await _upload(store, client, job)
-    delays = (poll or Poll()).delays()
-    for attempt in range(1, CREATE_ATTEMPTS + 1):
-        batch = await client.batches.create(
-            input_file_id=file_id,
-            endpoint="/v1/chat/completions",
-            completion_window="24h",
-            metadata=dict(job.metadata),
-        )
-        while batch.status == "validating":
-            await anyio.sleep(delays())
-            batch = await client.batches.retrieve(batch.id)
-        if not token_refused(batch) or attempt == CREATE_ATTEMPTS:
-            break
-        await anyio.sleep(delays())  # the queue drains as other batches finish
+    """Take ``job`` from wherever it stopped to ``submitted`` and past validation; its
+    batch id."""
+    batch_id = job.provider_batch_id or await _find(client, job.id)
+    if batch_id is None:
+        file_id = job.input_file_id or await _upload(store, client, job)
+        batch_id = await _create(store, client, job, file_id)
+    elif job.provider_batch_id is None:
+        await anyio.to_thread.run_sync(store.mark_submitted, job.id, batch_id)
+    return await _validated(store, client, job, batch_id, (poll or Poll()).delays())
+
+
+async def _create(store: JobStore, client: Any, job: BatchJob, file_id: str) -> str:
+    """Create the job's batch from ``file_id`` and record it at once, while it validates."""
+    batch = await client.batches.create(
+        input_file_id=file_id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        metadata=dict(job.metadata),
+    )
     await anyio.to_thread.run_sync(store.mark_submitted, job.id, batch.id)
+    logger.log(logging.INFO, "batch job %s: created batch %s (%s)", job.id, batch.id, batch.status)
     return str(batch.id)
+
+
+async def _validated(
+    store: JobStore, client: Any, job: BatchJob, batch_id: str, delays: Callable[[], float]
+) -> str:
+    """Wait for the batch to pass validation; one refused for the enqueued-token limit
+    is created again after a backoff (the queue drains as other batches finish)."""
+    backoff = CREATE_BACKOFF.delays()
+    for attempt in range(1, CREATE_ATTEMPTS + 1):
+        batch = await client.batches.retrieve(batch_id)
+        while batch.status == "validating":
+            delay = delays()
+            logger.log(logging.DEBUG, "batch %s: validating; next poll in %.0f s", batch_id, delay)
+            await anyio.sleep(delay)
+            batch = await client.batches.retrieve(batch_id)
+        if not token_refused(batch) or attempt == CREATE_ATTEMPTS:
+            return batch_id
+        logger.log(
+            logging.INFO,
+            "batch job %s: batch %s refused for the enqueued-token limit; creating it again",
+            job.id,
+            batch_id,
+        )
+        if not await anyio.to_thread.run_sync(store.mark_refused, job.id, batch_id):
+            return await _current_batch(store, job.id, batch_id)
+        await anyio.sleep(backoff())
+        batch_id = await _create(store, client, job, str(batch.input_file_id))
+    return batch_id
+
+
+async def _current_batch(store: JobStore, job_id: str, refused: str) -> str:
+    """The batch another process created for the job after ``refused`` (else ``refused``)."""
+    job = await anyio.to_thread.run_sync(store.get_job, job_id)
+    return refused if job is None or job.provider_batch_id is None else job.provider_batch_id
 
 
 async def _upload(store: JobStore, client: Any, job: BatchJob) -> str:
@@ -84,6 +139,14 @@ async def _upload(store: JobStore, client: Any, job: BatchJob) -> str:
     data = jsonl(line.request for line in lines)
     upload = await client.files.create(file=(f"{job.id}.jsonl", data), purpose="batch")
     await anyio.to_thread.run_sync(store.mark_uploaded, job.id, upload.id)
+    logger.log(
+        logging.INFO,
+        "batch job %s: uploaded %d lines (%d bytes) as %s",
+        job.id,
+        len(lines),
+        len(data),
+        upload.id,
+    )
     return str(upload.id)
 
 
@@ -107,9 +170,13 @@ async def wait(client: Any, batch_id: str, poll: Poll | None = None) -> Any:
     delays = (poll or Poll()).delays()
     while True:
         batch = await client.batches.retrieve(batch_id)
-        if batch.status in TERMINAL:
+        seen = progress(batch)
+        if seen.final:
+            logger.log(logging.INFO, "batch %s: %s", batch_id, seen)
             return batch
-        await anyio.sleep(delays())
+        delay = delays()
+        logger.log(logging.DEBUG, "batch %s: %s; next poll in %.0f s", batch_id, seen, delay)
+        await anyio.sleep(delay)
 
 
 async def collect(

@@ -9,24 +9,32 @@ cancellation, 429/5xx) releases its items for a follow-up job.
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 
+from .._observe.events import logger
 from .._wire.outcomes import Split
 from .._wire.packing import make_ids, split_reply
 from .._wire.plain import split_plain, text_output, wrapped_output
 from ..providers import Usage
 from .lines import LineOutcome
-from .records import JobState, StoredLine
+from .records import JobState, PlannedLine, StoredLine
 from .store import JobStore
 
 __all__ = [
+    "CREATE_BACKOFF",
+    "POLL_INTERVAL",
     "JobOutcome",
+    "LineUsage",
     "Poll",
+    "Progress",
     "final_state",
+    "follow_up_line",
     "plain_custom_id",
     "plain_reading",
     "record_job",
@@ -38,14 +46,27 @@ __all__ = [
 _PLAIN_MARKS = {"-pt": "text", "-pw": "wrapped", "-po": "object"}
 
 
+#: The longest wait, in seconds, between two polls of a batch (``poll_interval=``, and
+#: ``coalesce jobs --poll``).
+POLL_INTERVAL = 60.0
+
+#: The first wait between two polls, when the longest allows it.
+_FIRST_POLL = 5.0
+
+
 @dataclass(frozen=True)
 class Poll:
     """How often to ask about a batch: from ``first`` seconds, times ``factor`` after
     each answer that is not final, up to ``longest``."""
 
-    first: float = 10.0
+    first: float = _FIRST_POLL
     factor: float = 1.5
-    longest: float = 600.0
+    longest: float = POLL_INTERVAL
+
+    @classmethod
+    def every(cls, longest: float) -> Poll:
+        """Polls from 5 s (or ``longest`` if shorter), backing off by 1.5 up to ``longest``."""
+        return cls(first=min(_FIRST_POLL, longest), longest=longest)
 
     def delays(self) -> Callable[[], float]:
         """A fresh sequence of delays."""
@@ -59,6 +80,44 @@ class Poll:
         return next_delay
 
 
+#: The waits before a batch refused for the enqueued-token limit is created again: the
+#: queue drains as other batches end, in minutes or hours, whatever the poll interval.
+CREATE_BACKOFF = Poll(first=10.0, factor=1.5, longest=600.0)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A batch as one poll saw it.
+
+    Attributes:
+        status: The provider's status (``validating``, ``in_progress``, ``ended``...).
+        done: Lines answered.
+        total: Lines in the batch (0 while OpenAI validates it).
+        final: Whether nothing more will happen to it.
+        unanswered: Lines that ended without an answer: failed, cancelled or expired.
+    """
+
+    status: str
+    done: int
+    total: int
+    final: bool
+    unanswered: int = 0
+
+    def __str__(self) -> str:
+        line = f"{self.status}, {self.done}/{self.total} lines done"
+        return line + (f", {self.unanswered} unanswered" if self.unanswered else "")
+
+
+class LineUsage(NamedTuple):
+    """A line that got a reply: its id, how many items it carried, its tokens, and how
+    many lines have carried its items (1 for the first)."""
+
+    custom_id: str
+    items: int
+    usage: Usage
+    attempt: int = 1
+
+
 @dataclass
 class JobOutcome:
     """What one job gave: per item key, a result or an error, and what was released."""
@@ -70,8 +129,14 @@ class JobOutcome:
     #: Items a reply answered with an invalid output, or not at all (worth asking again,
     #: unlike the items of a line the provider refused).
     invalid: list[str] = field(default_factory=list)
-    #: Per line with a reply: how many items it carried and its tokens.
-    usage: list[tuple[int, Usage]] = field(default_factory=list)
+    #: Per line with a reply: its id, how many items it carried and its tokens.
+    usage: list[LineUsage] = field(default_factory=list)
+    #: What the job cost, once priced (NaN: not priced, or no price for its model).
+    cost_usd: float = math.nan
+
+    def __str__(self) -> str:
+        line = f"{self.state}: {len(self.results)} results, {len(self.failures)} failed"
+        return line + (f", {len(self.released)} released" if self.released else "")
 
 
 def final_state(status: str, answered: bool) -> JobState:
@@ -96,6 +161,7 @@ async def record_job(
     state = final_state(status, bool(result.results))
     await anyio.to_thread.run_sync(lambda: store.finish_job(job_id, state))
     result.state = state
+    logger.log(logging.DEBUG, "batch job %s %s", job_id, result)
     return result
 
 
@@ -129,7 +195,7 @@ def _answers(
     """A line's results and failures from its reply (a failed line: every item failed)."""
     if outcome.status == "failed":
         return {}, dict.fromkeys(line.item_keys, outcome.error)
-    into.usage.append((len(line.item_keys), outcome.usage))
+    into.usage.append(LineUsage(line.custom_id, len(line.item_keys), outcome.usage, line.attempt))
     truncated = outcome.finish_reason in ("length", "max_tokens")
     return split_line(
         line.item_keys, outcome.text, validate, plain=plain_reading(line.custom_id), cut=truncated
@@ -142,6 +208,14 @@ def plain_custom_id(custom_id: str, output_schema: Mapping[str, Any]) -> str:
     if text_output(output_schema):
         return custom_id + "-pt"
     return custom_id + ("-pw" if wrapped_output(output_schema) else "-po")
+
+
+def follow_up_line(line: StoredLine, custom_id: str) -> PlannedLine:
+    """``line``'s request sent again, unchanged, under ``custom_id`` (a plain line's
+    keeps the mark that says how its reply reads), for the items it carries."""
+    mark = line.custom_id[-3:] if plain_reading(line.custom_id) else ""
+    new = custom_id + mark
+    return PlannedLine(new, {**line.request, "custom_id": new}, line.item_keys)
 
 
 def plain_reading(custom_id: str) -> str | None:

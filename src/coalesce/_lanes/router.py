@@ -30,9 +30,10 @@ from .._engine.spec import FunctionSpec
 from .._exceptions import ConfigurationError
 from .._observe.listeners import StatisticsListener
 from ..providers._client import as_provider
-from .choose import Lane, LaneTimes, check_lane, choose_lane
-from .flex import FLEX_TIMEOUT, FlexProvider, flex_refused, flex_unsupported
+from .choose import Lane, LaneTimes, check_lane, choose_lane, flex_again
+from .flex import FLEX_TIMEOUT, FlexProvider, flex_backoff, flex_refused, flex_unsupported
 from .lane import BatchLane
+from .results import POLL_INTERVAL, Poll
 from .store import JobStore
 
 __all__ = ["LaneRouter", "offered_lanes"]
@@ -78,18 +79,33 @@ class LaneRouter:
         return await engine.submit(item, budget=budget, partition=partition)
 
     async def _flex_first(self, flex: Engine, job: Job, carried: Carried) -> Any:
-        """``job`` through flex processing; if flex refuses it (no capacity, or no flex
-        for the model), through real time with what is left of its budget. ``carried``
-        learns the requests of both and the lane that answered."""
+        """``job`` through flex processing. A refusal for capacity is asked in flex
+        again after a backoff while the call's budget allows flex; then (or at once for
+        a model without flex) the call goes to real time with what is left of its
+        budget. ``carried`` learns the requests of every lane and the one that answered."""
         carried.lane = "flex"
-        try:
-            return await flex.ask(job, carried)
-        except Exception as exc:
-            if flex_unsupported(exc):
-                self.lanes = self.lanes - {Lane.FLEX}  # not asked again
-            left = job.deadline - anyio.current_time()
-            if not flex_refused(exc) or not self.engine.in_time(job, left):
-                raise
+        refusals, deadline = 0, job.deadline
+        while True:
+            try:
+                return await flex.ask(job, carried)
+            except Exception as exc:
+                if not flex_refused(exc):
+                    raise
+                if flex_unsupported(exc):
+                    self.lanes = self.lanes - {Lane.FLEX}  # not asked again
+                left, refusals = deadline - anyio.current_time(), refusals + 1
+                delay = flex_backoff(refusals)
+                if flex_unsupported(exc) or not flex_again(left, delay, refusals, self.times):
+                    if not self.engine.in_time(job, left):
+                        raise
+                    break
+            self.engine.recorder.flex_retried()
+            await anyio.sleep(delay)
+            job = flex.new_job(job.item, budget=_budget(deadline), partition=job.partition)
+        return await self._realtime_after_flex(job, carried, left)
+
+    async def _realtime_after_flex(self, job: Job, carried: Carried, left: float) -> Any:
+        """``job``, which flex refused, asked in real time with ``left`` seconds."""
         engine = self.engine
         engine.recorder.fell_back()
         again = engine.new_job(
@@ -131,6 +147,7 @@ class LaneRouter:
                 per_line=options.max_items,
                 max_attempts=options.max_attempts,
                 pays_from=lambda: engine.pays_from,
+                poll=Poll.every(_poll_interval(options)),
                 recorder=engine.recorder,
                 record_line=lines.line_done,
             )
@@ -143,6 +160,18 @@ class LaneRouter:
             await self._flex.aclose()
         if self._batch is not None:
             await self._batch.aclose()
+
+
+def _budget(deadline: float) -> float | None:
+    """The budget left now before ``deadline`` (``None``: no deadline)."""
+    return deadline - anyio.current_time() if math.isfinite(deadline) else None
+
+
+def _poll_interval(options: Any) -> float:
+    """The longest wait between two polls of a batch: ``poll_interval=``, where the
+    function's options have it, else :data:`~coalesce._lanes.results.POLL_INTERVAL`."""
+    interval = getattr(options, "poll_interval", None)
+    return POLL_INTERVAL if interval is None else float(interval)
 
 
 def _deferred(spec: FunctionSpec, client: Any) -> FunctionSpec:

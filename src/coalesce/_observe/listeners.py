@@ -124,9 +124,10 @@ class StatisticsListener:
             lane=self.lane,
         )
 
-    def line_done(self, items: int, usage: Usage) -> float:
+    def line_done(self, items: int, usage: Usage, *, line: str = "", attempt: int = 0) -> float:
         """Record one batch line's reply, counted as sent now (a line of one item is a
-        plain request); its cost at the lane's price."""
+        plain request); its cost at the lane's price. ``line`` (its ``custom_id``) and
+        ``attempt`` (how many lines have carried its items) name it in its event."""
         plain = items == 1
         footprint = self.footprint
         self.recorder.request_sent(items)
@@ -137,6 +138,7 @@ class StatisticsListener:
             plain_shared_input_tokens=footprint.plain_shared,
             frame_tokens=0 if plain else footprint.item_frame,
             answer_frame_tokens=0 if plain else footprint.answer_frame,
+            label=RequestLabel(line, 0, attempt, None, plain=plain),
             lane=self.lane,
         )
 

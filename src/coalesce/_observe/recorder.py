@@ -24,7 +24,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 from .._batching.quantile import WindowQuantile
 from .._pricing import Price, price_of
 from ..providers import Usage
-from .agreement import Agreement
+from .agreement import Agreement, merged_agreement
 from .events import (
     CallEvent,
     ContradictionEvent,
@@ -38,7 +38,7 @@ from .events import (
     ShadowEvent,
     UnmeetableEvent,
 )
-from .savings import Savings, Shares
+from .savings import Savings, Shares, lane_cost
 from .telemetry import Telemetry
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "StatisticsPart",
     "UnmeetableEvent",
     "merge_parts",
+    "statistics_table",
 ]
 
 P = TypeVar("P", bound="StatisticsPart")
@@ -182,6 +183,66 @@ class PromptStatistics(NamedTuple):
     #: Items whose two orders' answers differed with no time left in their latency
     #: budget for a plain call: they got the usual order's answer.
     votes_unsettled: int = 0
+    #: Calls sent to flex processing that it refused for lack of capacity and that
+    #: were asked in flex again after a backoff (each asking again counted once).
+    flex_retries: int = 0
+    #: Batch jobs an earlier process submitted and left unfinished, which this one
+    #: attached to and collected (see ``docs/lanes.md``). Their lines and cost are
+    #: not this run's: they are counted here, and not in ``requests``, the tokens,
+    #: ``estimated_cost`` or ``cost_by_lane``.
+    adopted_jobs: int = 0
+    #: The lines (requests) of those jobs that got a reply.
+    adopted_requests: int = 0
+    #: Their estimated dollars, at the batch price (NaN when the model has no price).
+    adopted_cost: float = 0.0
+    #: Calls finished that had a latency budget (``within_budget``'s denominator).
+    calls_with_budget: int = 0
+
+    def __str__(self) -> str:
+        """The main figures as a short aligned table (``repr`` stays the full tuple)."""
+        return "\n".join(statistics_table(self))
+
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
+        # The read-only mappings cannot be pickled: a snapshot travels as its dict
+        # (to combine the snapshots of several processes).
+        return PromptStatistics.from_dict, (self.as_dict(),)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The snapshot as plain data: every field, its mappings as ``dict`` (group
+        sizes as keys of ``agreement_by_size``, each an :class:`~coalesce.Agreement`);
+        ``json.dumps`` writes it (NaN as ``NaN``). :meth:`from_dict` reads it back."""
+        data: dict[str, Any] = dict(zip(self._fields, self, strict=True))
+        for name in _MAPPINGS:
+            data[name] = dict(getattr(self, name))
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PromptStatistics:
+        """A snapshot from :meth:`as_dict`'s data, or that data through JSON (whose
+        keys are strings and whose tuples are lists). Fields it lacks take their
+        defaults."""
+        fields = dict(data)
+        for name in _MAPPINGS:
+            if name in fields:
+                fields[name] = MappingProxyType(_mapping(name, fields[name]))
+        return cls(**fields)
+
+    @classmethod
+    def combine(cls, *snapshots: PromptStatistics) -> PromptStatistics:
+        """The snapshots of several processes (or functions) as one: counts, tokens and
+        costs add up, by key for the mappings, and the rates are recomputed from the
+        sums. Quantiles cannot be added: a combined ``latency_p95`` (and every other
+        ``_p50``/``_p95``/``_p99``) is the largest of the snapshots', an estimate that
+        errs high (the quantile of all their calls lies between the smallest and the
+        largest of the snapshots', up to the interpolation between two neighbouring
+        values). ``smallest_paying_group`` and ``group_cap`` take the smallest given.
+
+        Raises:
+            ValueError: No snapshot given.
+        """
+        if not snapshots:
+            raise ValueError("PromptStatistics.combine() needs at least one snapshot")
+        return cls(**{name: _COMBINE[name](name, snapshots) for name in cls._fields})
 
 
 class StatisticsPart(Protocol):
@@ -235,7 +296,9 @@ class Counts:
         self.calls = self.calls_failed = self.budgeted = self.within = self.misses = 0
         self.requests = self.requests_failed = self.in_flight = self.items = 0
         self.groups = self.reasks = self.retries = self.unmeetable = 0
-        self.contradictions = self.fallbacks = 0
+        self.contradictions = self.fallbacks = self.flex_retries = 0
+        self.adopted_jobs = self.adopted_requests = 0
+        self.adopted_cost = 0.0
 
     def call(
         self, latency: float, wait: float | None, budget: float | None, ok: bool, lane: str
@@ -305,6 +368,11 @@ class Counts:
             "contradictions": self.contradictions,
             "calls_by_lane": MappingProxyType(dict(self._lane_calls)),
             "flex_fallbacks": self.fallbacks,
+            "flex_retries": self.flex_retries,
+            "adopted_jobs": self.adopted_jobs,
+            "adopted_requests": self.adopted_requests,
+            "adopted_cost": self.adopted_cost,
+            "calls_with_budget": self.budgeted,
         }
 
     def summary(self, waiting: int = 0) -> str:
@@ -560,6 +628,20 @@ class PromptRecorder:
         """Record a call that flex processing refused and real time answered."""
         self.counts.fallbacks += 1
 
+    def flex_retried(self) -> None:
+        """Record a call that flex processing refused, asked in flex again after a backoff."""
+        self.counts.flex_retries += 1
+
+    def adopted(self, lines: Sequence[Usage], *, lane: str = "batch") -> float:
+        """Record a job an earlier process submitted, collected by this one: its lines
+        with a reply, counted apart from this run's requests (``adopted_*``); their
+        cost at ``lane``'s price (NaN when the model has no price)."""
+        spent = sum((lane_cost(usage, self.price, lane) for usage in lines), 0.0)
+        self.counts.adopted_jobs += 1
+        self.counts.adopted_requests += len(lines)
+        self.counts.adopted_cost += spent
+        return spent
+
     def snapshot(self) -> PromptStatistics:
         """The statistics so far, as an immutable :class:`PromptStatistics`: the
         recorder's own counters, replaced field by field by its parts' (see
@@ -595,3 +677,157 @@ class PromptRecorder:
 
 def _plural(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+# --- combining and showing snapshots -------------------------------------------------
+
+#: The snapshot fields that are mappings.
+_MAPPINGS = ("dispatch_reasons", "calls_by_lane", "cost_by_lane", "agreement_by_size")
+
+
+def _mapping(name: str, value: Mapping[Any, Any]) -> dict[Any, Any]:
+    """A mapping field read back from plain data (or JSON: string keys, lists)."""
+    if name == "agreement_by_size":
+        return {int(size): Agreement(*numbers) for size, numbers in value.items()}
+    return dict(value)
+
+
+Combine = Callable[[str, Sequence[PromptStatistics]], Any]
+
+
+def _sum(name: str, snapshots: Sequence[PromptStatistics]) -> Any:
+    return sum(getattr(each, name) for each in snapshots)
+
+
+def _by_key(name: str, snapshots: Sequence[PromptStatistics]) -> Mapping[str, Any]:
+    total: dict[str, Any] = {}
+    for each in snapshots:
+        for key, value in getattr(each, name).items():
+            total[key] = total.get(key, 0) + value
+    return MappingProxyType(total)
+
+
+def _agreements(name: str, snapshots: Sequence[PromptStatistics]) -> Mapping[int, Agreement]:
+    return MappingProxyType(merged_agreement(each.agreement_by_size for each in snapshots))
+
+
+def _largest(name: str, snapshots: Sequence[PromptStatistics]) -> float:
+    known = [value for each in snapshots if not math.isnan(value := getattr(each, name))]
+    return max(known) if known else math.nan
+
+
+def _smallest(name: str, snapshots: Sequence[PromptStatistics]) -> int | None:
+    given = [value for each in snapshots if (value := getattr(each, name)) is not None]
+    return min(given) if given else None
+
+
+def _mean_of(count: str) -> Combine:
+    """A mean over ``count`` (a field): the snapshots' means weighted by their counts."""
+
+    def mean(name: str, snapshots: Sequence[PromptStatistics]) -> float:
+        parts = [(getattr(each, name), getattr(each, count)) for each in snapshots]
+        weight = sum(n for value, n in parts if n and not math.isnan(value))
+        total = sum(value * n for value, n in parts if n and not math.isnan(value))
+        return total / weight if weight else math.nan
+
+    return mean
+
+
+def _savings(name: str, snapshots: Sequence[PromptStatistics]) -> float:
+    spent = _sum("estimated_cost", snapshots)
+    baseline = _sum("estimated_cost_one_per_item", snapshots)
+    return 1.0 - spent / baseline if baseline > 0 else math.nan
+
+
+_QUANTILES = (
+    *(f"{kind}_{q}" for kind in ("latency", "wait") for q in ("p50", "p95", "p99")),
+    "ttft_p50",
+    "ttft_p95",
+)
+_COMBINE: dict[str, Combine] = {
+    **dict.fromkeys(PromptStatistics._fields, _sum),
+    **dict.fromkeys(_QUANTILES, _largest),
+    "within_budget": _mean_of("calls_with_budget"),
+    "items_per_request": _mean_of("requests"),
+    "savings": _savings,
+    "dispatch_reasons": _by_key,
+    "calls_by_lane": _by_key,
+    "cost_by_lane": _by_key,
+    "agreement_by_size": _agreements,
+    "smallest_paying_group": _smallest,
+    "group_cap": _smallest,
+}
+
+
+def statistics_table(stats: PromptStatistics) -> list[str]:
+    """``str(stats)``'s lines: a figure per line, aligned; rows about lanes, checks and
+    adopted jobs only where they have something to say."""
+    rows = [
+        ("calls", f"{stats.calls:,} ({stats.calls_failed:,} failed){_lanes(stats)}"),
+        ("latency", _quantiles(stats, "latency", "p50", "p95", "p99")),
+        ("within budget", _within(stats)),
+        ("waited", _quantiles(stats, "wait", "p50", "p95", "p99")),
+        ("requests", _requests(stats)),
+        ("retries, re-asks", f"{stats.retries:,}, {stats.reasks:,}"),
+        ("tokens", _tokens(stats)),
+        ("cost", _cost(stats)),
+    ]
+    if not math.isnan(stats.ttft_p50):
+        rows.insert(4, ("first token", _quantiles(stats, "ttft", "p50", "p95")))
+    if stats.flex_retries or stats.flex_fallbacks:
+        flex = f"{stats.flex_retries:,} asked again, {stats.flex_fallbacks:,} to real time"
+        rows.append(("flex refusals", flex))
+    if stats.shadow_requests or stats.vote_requests:
+        checks = f"{stats.shadow_requests:,} shadow, {stats.vote_requests:,} vote requests"
+        rows.append(("checks", f"{checks}, {_dollars(stats.shadow_cost + stats.vote_cost)}"))
+    if stats.adopted_jobs:
+        adopted = f"{stats.adopted_jobs:,} jobs, {stats.adopted_requests:,} lines"
+        rows.append(("adopted", f"{adopted}, {_dollars(stats.adopted_cost)} (not this run's)"))
+    width = max(len(name) for name, _ in rows)
+    return [f"{name.ljust(width)}  {value}" for name, value in rows]
+
+
+def _lanes(stats: PromptStatistics) -> str:
+    lanes = ", ".join(f"{lane} {n:,}" for lane, n in sorted(stats.calls_by_lane.items()))
+    return f"; {lanes}" if lanes else ""
+
+
+def _quantiles(stats: PromptStatistics, kind: str, *names: str) -> str:
+    return "  ".join(f"{name} {_seconds(getattr(stats, f'{kind}_{name}'))}" for name in names)
+
+
+def _seconds(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.2f} s"
+
+
+def _within(stats: PromptStatistics) -> str:
+    share = "-" if math.isnan(stats.within_budget) else f"{stats.within_budget:.1%}"
+    return f"{share} ({stats.budget_misses:,} missed, {stats.unmeetable_budgets:,} unmeetable)"
+
+
+def _requests(stats: PromptStatistics) -> str:
+    line = f"{stats.requests:,} ({stats.requests_failed:,} failed"
+    line += f", {stats.requests_in_flight:,} in flight)"
+    if not math.isnan(stats.items_per_request):
+        line += f", {stats.items_per_request:.1f} items/request"
+    return line
+
+
+def _tokens(stats: PromptStatistics) -> str:
+    cached = f" ({stats.cached_input_tokens:,} cached)" if stats.cached_input_tokens else ""
+    return f"{stats.input_tokens:,} in{cached}, {stats.output_tokens:,} out"
+
+
+def _cost(stats: PromptStatistics) -> str:
+    line = f"{_dollars(stats.estimated_cost)} (one per item"
+    line += f" {_dollars(stats.estimated_cost_one_per_item)}"
+    if not math.isnan(stats.savings):
+        line += f", saved {stats.savings:.0%}"
+    return line + ")"
+
+
+def _dollars(value: float) -> str:
+    """Dollars to the cent's hundredth, or to the millionth below a cent."""
+    if math.isnan(value):
+        return "-"
+    return f"${value:.4f}" if abs(value) >= 0.01 else f"${value:.6f}"

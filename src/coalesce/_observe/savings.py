@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 from .._pricing import LANE_PRICE, Price, cost
 from ..providers import Usage
 
-__all__ = ["Savings", "Shares", "Spent"]
+__all__ = ["Savings", "Shares", "Spent", "lane_cost"]
 
 
 class Shares(NamedTuple):
@@ -56,6 +56,21 @@ class Spent(NamedTuple):
 
 #: What a reply without reported usage adds.
 NOTHING = Spent(math.nan, math.nan, 0)
+
+
+def lane_cost(usage: Usage, price: Price | None, lane: str = "realtime") -> float:
+    """Dollars for one reply's tokens at ``lane``'s price (:data:`~coalesce._pricing.LANE_PRICE`
+    of ``price``); NaN without a price. The one rule every cost in coalesce follows: the
+    statistics, and the jobs ``coalesce jobs`` collects."""
+    if price is None:
+        return math.nan
+    return cost(
+        usage.input_tokens,
+        usage.output_tokens,
+        price.scaled(LANE_PRICE.get(lane, 1.0)),
+        cached_input_tokens=usage.cached_input_tokens,
+        cache_write_tokens=usage.cache_write_tokens,
+    )
 
 
 class Savings:
@@ -114,7 +129,7 @@ class Savings:
         self.input_tokens_one_per_item += baseline_input
         if self.price is None:
             return Spent(math.nan, math.nan, baseline_input)
-        spent = self._bill(usage, self.price.scaled(LANE_PRICE.get(lane, 1.0)), lane)
+        spent = self._bill(usage, lane)
         # A request of one item is its own plain call, cache and all.
         warm = max(items * plain_cached, usage.cached_input_tokens if items == 1 else 0)
         baseline_cached = 0 if reask else min(baseline_input, warm)
@@ -133,7 +148,7 @@ class Savings:
         self._count(usage)
         if self.price is None:
             return math.nan
-        return self._bill(usage, self.price, "realtime")
+        return self._bill(usage, "realtime")
 
     def statistics(self) -> Mapping[str, Any]:
         """The totals as :class:`~coalesce.PromptStatistics` fields (dollars NaN without
@@ -163,15 +178,9 @@ class Savings:
         self.cached_input_tokens += usage.cached_input_tokens
         self.output_tokens += usage.output_tokens
 
-    def _bill(self, usage: Usage, price: Price, lane: str) -> float:
-        """Add the dollars of ``usage`` at ``price`` to the totals; return them."""
-        spent = cost(
-            usage.input_tokens,
-            usage.output_tokens,
-            price,
-            cached_input_tokens=usage.cached_input_tokens,
-            cache_write_tokens=usage.cache_write_tokens,
-        )
+    def _bill(self, usage: Usage, lane: str) -> float:
+        """Add the dollars of ``usage`` at ``lane``'s price to the totals; return them."""
+        spent = lane_cost(usage, self.price, lane)
         self.cost += spent
         self.cost_by_lane[lane] = self.cost_by_lane.get(lane, 0.0) + spent
         return spent
