@@ -24,6 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import Field
 
+from coalesce import _validate
 from coalesce._batching.quantile import WindowQuantile
 from coalesce._exceptions import CoalesceWarning, ConfigurationError
 from coalesce._planning import encodings as _encodings
@@ -201,7 +202,7 @@ def test_the_warning_skips_library_and_event_loop_frames(
         "async def count(text):\n    return count_tokens(text, 'gpt-4o')\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(_encodings, "_NOT_THE_CALLER", (*_encodings._NOT_THE_CALLER, "fakelib"))
+    monkeypatch.setattr(_validate, "_NOT_THE_CALLER", (*_validate._NOT_THE_CALLER, "fakelib"))
     try:
         fakelib = importlib.import_module("fakelib")
         with pytest.warns(CoalesceWarning) as caught:
