@@ -16,6 +16,7 @@ time; they use the ``real_time_backend`` fixture instead (see below).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
@@ -102,6 +103,14 @@ def real_time_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, An
             return real_time_backend
     """
     return (str(request.param), {})
+
+
+@pytest.fixture(autouse=True)
+def _own_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test keeps what coalesce persists (learned group caps, the batch lane's job
+    store) in a directory of its own (``$COALESCE_STORE``'s), never the user's, so no
+    test starts from what another one learned."""
+    monkeypatch.setenv("COALESCE_STORE", str(tmp_path / "store" / "jobs.sqlite3"))
 
 
 @pytest.fixture(autouse=True)

@@ -27,7 +27,7 @@ from ._exceptions import (
     ResultCountError,
     TruncatedOutputError,
 )
-from ._observe.agreement import Agreement
+from ._observe.agreement import Agreement, CapLearning
 from ._observe.recorder import (
     CallEvent,
     ContradictionEvent,
@@ -61,6 +61,7 @@ __all__ = [
     "BatcherClosedError",
     "BatcherStatistics",
     "CallEvent",
+    "CapLearning",
     "CharacterEstimator",
     "CoalesceError",
     "CoalesceWarning",

@@ -108,7 +108,9 @@ async def test_the_guard_brings_the_cap_down_where_packing_changes_the_answers()
     assert stats.group_cap is not None
     assert stats.group_cap <= 8  # ...the cap came down from 16
     caps = [e.cap for e in events if isinstance(e, coalesce.ShadowEvent)]
-    assert caps.index(8) < 60  # halved after a few dozen verdicts at 16
+    lowered = next(i for i, cap in enumerate(caps) if cap < 16)
+    assert lowered < 60  # came down after a few dozen verdicts at 16 (to just before
+    # the first position confidently weak, then on to 8 or less, as asserted above)
     agreement = stats.agreement_by_size
     assert agreement[16].high < 0.9
     assert agreement[16].total <= 60  # 16 was judged within its first verdicts

@@ -352,3 +352,95 @@ class TestOverHTTP:
 
 async def _no_sleep(seconds: float) -> None:
     await anyio.lowlevel.checkpoint()
+
+
+# -- the last attempt goes alone (issue 24) ---------------------------------------------
+
+#: Every packed reply loses an item (a plain call cannot).
+LOSSY = {"missing_item": 0.5, "duplicate_id_wrong_first": 0.5}
+
+
+def _tagger(sim: SimulatedProvider, events: list[Any], **options: Any) -> Any:
+    @coalesce.prompt(
+        client=sim.openai_client(max_retries=0),
+        model="gpt-4o-mini",
+        packing="always",
+        on_event=events.append,
+        **options,
+    )
+    async def tag(ticket: str) -> dict[str, str]:
+        """Tag the support ticket."""
+
+    return tag
+
+
+async def _answers(fn: Any, items: list[str], spacing: float = 0.0) -> list[Any]:
+    out: list[Any] = [None] * len(items)
+
+    async def one(index: int) -> None:
+        await anyio.sleep(index * spacing)
+        try:
+            out[index] = await fn(items[index])
+        except Exception as exc:
+            out[index] = exc
+
+    async with anyio.create_task_group() as tg:
+        for index in range(len(items)):
+            tg.start_soon(one, index)
+    return out
+
+
+def _requests(events: list[Any]) -> list[coalesce.RequestEvent]:
+    return [e for e in events if isinstance(e, coalesce.RequestEvent)]
+
+
+async def test_the_last_attempt_is_a_plain_call_of_one_item() -> None:
+    # The first reply of 8 is cut half way; its lost items' second attempt is their
+    # last (max_attempts=2): each alone, plain, all at once. Packed again, every reply
+    # would lose one of them for good.
+    sim = SimulatedProvider(faults=FaultPlan(script=["truncate"], probabilities=LOSSY))
+    events: list[Any] = []
+    tag = _tagger(sim, events, max_items=8, max_attempts=2, max_wait=1.0)
+    items = [f"ticket {n}" for n in range(8)]
+    answers = await _answers(tag, items)
+    await tag.aclose()
+    schema = {"type": "object", "additionalProperties": {"type": "string"}}
+    assert answers == [sim.expected_output(item, schema) for item in items]
+    last = [e for e in _requests(events) if e.attempt == 2]
+    assert len(last) >= 3
+    assert [(e.items, e.plain, e.reask) for e in last] == [(1, True, True)] * len(last)
+    assert [r.items for r in sim.requests] == [8] + [1] * len(last)
+    assert len({r.started_at for r in sim.requests[1:]}) == 1  # at once
+
+
+async def test_an_item_is_asked_alone_only_on_its_last_attempt() -> None:
+    # max_attempts=3: the second attempt of the cut reply's items is still packed.
+    sim = SimulatedProvider(faults=FaultPlan(script=["truncate", None, None]))
+    events: list[Any] = []
+    tag = _tagger(sim, events, max_items=8, max_attempts=3, max_wait=1.0)
+    await _answers(tag, [f"ticket {n}" for n in range(8)])
+    await tag.aclose()
+    second = [e for e in _requests(events) if e.attempt == 2]
+    assert second
+    assert all(not e.plain for e in second)
+    assert not [e for e in _requests(events) if e.attempt == 3]
+
+
+async def test_400_of_400_answered_through_prompt_under_reply_faults() -> None:
+    faults = {
+        "duplicate_id_wrong_first": 0.1,
+        "duplicate_id": 0.1,
+        "missing_item": 0.1,
+        "extra_id": 0.1,
+        "out_of_order": 0.1,
+    }
+    sim = SimulatedProvider(faults=FaultPlan(probabilities=faults, seed=3))
+    events: list[Any] = []
+    tag = _tagger(sim, events, max_items=8)
+    items = [f"ticket {n}" for n in range(400)]
+    answers = await _answers(tag, items, spacing=0.01)
+    await tag.aclose()
+    schema = {"type": "object", "additionalProperties": {"type": "string"}}
+    assert answers == [sim.expected_output(item, schema) for item in items]
+    assert sim.statistics().faults > 25
+    assert all(e.items == 1 and e.plain for e in _requests(events) if e.attempt == 4)

@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from .._observe.agreement import merged_agreement
-from .shadow import ShadowGuard
+from .shadow import CapLearning, ShadowGuard
 from .vote import disagreement
 
 __all__ = ["AccuracyCounts"]
@@ -70,10 +70,17 @@ class AccuracyCounts:
         else:
             self.votes_unsettled += 1
 
+    def learning(self) -> CapLearning | None:
+        """How the cap was learned: the guard with the lowest cap's account (``None``
+        without a guard)."""
+        guards = sorted(self.guards, key=lambda guard: guard.cap)
+        return guards[0].learning() if guards else None
+
     def statistics(self) -> Mapping[str, Any]:
         """The counts as :class:`~coalesce.PromptStatistics` fields; ``group_cap`` is the
         lowest of the guards' caps, or ``max_items`` without a guard."""
         return {
+            "cap_learning": self.learning(),
             "shadow_requests": self.shadow_requests,
             "shadow_cost": self.shadow_cost if self.priced else math.nan,
             "agreement_by_size": MappingProxyType(

@@ -1,63 +1,50 @@
-"""The live accuracy guard: a sample of packed items is also asked alone.
+"""The live accuracy guard: a sample of packed items is also asked alone, and the
+verdicts move the group cap.
 
 Packing changes what the model reads, and small models answer worse in larger groups
 (see ``docs/accuracy.md``). With ``shadow=`` (a fraction), that fraction of the items
 answered in packed requests is asked again as a plain call, in the background, after
 its caller has its packed answer (which it keeps: the shadow answer is only
-compared). Agreement between the two answers is tracked per group size; when it is
-confidently below ``min_agreement`` at some size, the function's group cap comes
-down (halved), and it climbs back one item at a time while agreement at the cap
-holds: additive increase, multiplicative decrease.
+compared). Each verdict counts at the item's group size and at its position in the
+request; :func:`~coalesce._accuracy.learning.next_cap` (pure) moves the cap.
 
-The decision is :func:`next_cap`, a pure function of the recent verdicts;
-:class:`ShadowGuard` keeps the verdicts, samples the items (exactly ``shadow`` of the
-packed items, never more: the cost is capped) and answers what the statistics report.
+When the cap is learned (``max_items`` not given), the guard also shadows the cap's
+tail densely until it has decided the current step (at most
+:data:`~coalesce._accuracy.learning.STEP_ALLOWANCE` times the verdicts a step needs),
+then only at the user's rate: the long-run rate is ``shadow``, and what learning
+spent is counted apart (:attr:`ShadowGuard.learning_requests`). The learned cap and
+its evidence can be kept in a :class:`~coalesce._accuracy.memory.CapMemory`, so that
+the next process starts where this one stopped.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._observe.agreement import Agreement, wilson_interval
+from .._observe.agreement import Agreement, CapLearning, wilson_interval
+from .learning import MIN_SAMPLES, Move, in_tail, learning_wanted, next_cap
+from .memory import CapMemory, Evidence
 
-__all__ = ["ShadowGuard", "next_cap"]
+__all__ = ["MIN_SAMPLES", "CapLearning", "ShadowGuard", "next_cap"]
 
-#: Verdicts at one size before it is judged.
-MIN_SAMPLES = 30
-#: Recent verdicts kept per size for the decision.
+logger = logging.getLogger("coalesce")
+
+#: Recent verdicts kept per size, and in the tail, for the decisions.
 RECENT = 200
-
-
-def next_cap(
-    cap: int,
-    max_items: int,
-    recent: Mapping[int, Sequence[bool]],
-    min_agreement: float,
-    min_samples: int = MIN_SAMPLES,
-) -> int:
-    """The group cap after the recent verdicts (``True``: the answers agreed). Pure.
-
-    * A size whose agreement is confidently below ``min_agreement`` (the upper end of
-      its 95% interval under it, from ``min_samples`` verdicts) halves the cap below
-      that size.
-    * Otherwise, when the cap's own size has twice ``min_samples`` recent verdicts
-      and agreed at least ``min_agreement`` of the time, the cap rises by one, up to
-      ``max_items``.
-    """
-    judged = {size: votes for size, votes in recent.items() if len(votes) >= min_samples}
-    bad = [
-        size
-        for size, votes in judged.items()
-        if size <= cap and wilson_interval(sum(votes), len(votes))[1] < min_agreement
-    ]
-    if bad:
-        return max(1, min(bad) // 2)
-    votes = recent.get(cap, ())
-    enough = cap < max_items and len(votes) >= 2 * min_samples
-    return cap + 1 if enough and sum(votes) >= min_agreement * len(votes) else cap
+#: Moves of the cap kept for the statistics.
+MOVES = 20
+#: Learning shadows at most this share of the packed items past the first
+#: :data:`LEARN_AFTER` (its dense rate): a function called a handful of times pays
+#: for no learning.
+LEARN_SHARE = 0.25
+#: Packed items answered before learning shadows any.
+LEARN_AFTER = 32
+#: Verdicts between two saves of the evidence (a move of the cap saves at once).
+SAVE_EVERY = 25
 
 
 def _equal(packed: Any, plain: Any) -> bool:
@@ -68,12 +55,17 @@ class ShadowGuard:
     """Samples packed items for shadow calls and moves the group cap (see the module doc).
 
     Args:
-        rate: Fraction of the packed items asked again alone (0 to 1).
+        rate: Fraction of the packed items asked again alone (0 to 1), in the long run.
         min_agreement: Agreement under which a group size is judged too large.
-        max_items: The function's ``max_items``: the cap never goes above it.
+        max_items: The highest the cap may go (``max_items``, or the learning's ceiling).
         agree: ``agree(packed, plain) -> bool``; default: equality (enums, booleans,
             numbers, pydantic models field by field). Free text needs its own.
         min_samples: Verdicts at one size before it is judged.
+        learn: Whether the cap is learned: it starts at ``start`` and the tail is
+            shadowed densely until each step is decided.
+        start: The cap to start at (default ``max_items``).
+        memory: Where the evidence is loaded from and saved to, if anywhere.
+        name: The function's name, for the log.
     """
 
     def __init__(
@@ -84,30 +76,67 @@ class ShadowGuard:
         agree: Callable[[Any, Any], bool] | None = None,
         *,
         min_samples: int = MIN_SAMPLES,
+        learn: bool = False,
+        start: int | None = None,
+        memory: CapMemory | None = None,
+        name: str = "",
     ) -> None:
         self.rate, self.min_agreement, self.max_items = rate, min_agreement, max_items
         self.agree = agree or _equal
-        self.min_samples = min_samples
-        self.cap = max_items
-        self.packed = self.shadowed = 0
+        self.min_samples, self.learn, self.memory, self.name = min_samples, learn, memory, name
+        self.cap = min(max_items, start if start is not None else max_items)
+        self.bad: int | None = None
+        self.packed = self.shadowed = self.learning_requests = 0
+        self._spent = self._pending = self._unsaved = self._learned = 0
         self._counts: dict[int, list[int]] = {}
         self._recent: dict[int, deque[bool]] = {}
+        self._tail: deque[bool] = deque(maxlen=RECENT)
+        self._positions: dict[int, list[int]] = {}
+        self.moves: deque[tuple[int, int, str]] = deque(maxlen=MOVES)
+        if memory is not None:
+            self._restore(memory.load())
 
-    def wants(self, size: int) -> bool:
-        """Whether to shadow an item just answered in a request of ``size`` items.
+    def wants(self, size: int, position: int = 0) -> bool:
+        """Whether to shadow an item just answered at ``position`` (1 for the first
+        written; 0: not known) of a request of ``size`` items.
 
         Exactly ``rate`` of the packed items are shadowed (the first when the count
-        crosses the next whole one): the cost is bounded, not left to chance.
+        crosses the next whole one); when learning, also the cap's tail while its step
+        is undecided.
         """
         if size < 2:
             return False
         self.packed += 1
+        tail = in_tail(self.cap, size, position)
         if math.floor(self.packed * self.rate) > self.shadowed:
             self.shadowed += 1
-            return True
-        return False
+        elif not (self.learn and tail and self._learning(position)):
+            return False
+        else:
+            self._spent += 1
+            self._learned += 1
+            self.learning_requests += 1
+        self._pending += tail
+        return True
 
-    def record(self, size: int, packed: Any, plain: Any) -> bool:
+    def _learning(self, position: int) -> bool:
+        if self._learned + 1 > LEARN_SHARE * (self.packed - LEARN_AFTER):
+            return False
+        return learning_wanted(
+            self.cap,
+            position,
+            self._tail,
+            self.positions(),
+            self._pending,
+            self._spent,
+            self.min_agreement,
+        )
+
+    def dropped(self) -> None:
+        """A shadow call gave no answer to compare (it failed)."""
+        self._pending = max(0, self._pending - 1)
+
+    def record(self, size: int, packed: Any, plain: Any, position: int = 0) -> bool:
         """Judge one shadowed item; move the cap if the verdicts say so. Whether the
         answers agreed (an ``agree`` that raises counts as a disagreement)."""
         try:
@@ -118,12 +147,78 @@ class ShadowGuard:
         counts[0] += agreed
         counts[1] += 1
         self._recent.setdefault(size, deque(maxlen=RECENT)).append(agreed)
-        cap = next_cap(self.cap, self.max_items, self._recent, self.min_agreement, self.min_samples)
-        if cap < self.cap:  # what larger groups said is history now
-            for stale in [s for s in self._recent if s > cap]:
-                del self._recent[stale]
-        self.cap = cap
+        if in_tail(self.cap, size, position):
+            self._tail.append(agreed)
+            place = self._positions.setdefault(position, [0, 0])
+            place[0] += agreed
+            place[1] += 1
+        self.dropped()
+        self._decide()
         return agreed
+
+    def _decide(self) -> None:
+        move = next_cap(
+            self.cap,
+            self.max_items,
+            self.bad,
+            self._recent,
+            self._tail,
+            {p: (a, n) for p, (a, n) in self._positions.items()},
+            self.min_agreement,
+            min_samples=self.min_samples,
+        )
+        self.bad = move.bad
+        self._unsaved += 1
+        if move.cap != self.cap:
+            self._move(move)
+        elif self._unsaved >= SAVE_EVERY:
+            self.save()
+
+    def _move(self, move: Move) -> None:
+        """Put the cap at ``move.cap``: the tail starts again, and what larger groups
+        said is history once it falls."""
+        old, self.cap = self.cap, move.cap
+        if move.cap < old:
+            for stale in [s for s in self._recent if s > move.cap]:
+                del self._recent[stale]
+        self._tail.clear()
+        self._positions.clear()
+        self._spent = self._pending = 0
+        self.moves.append((old, move.cap, move.reason))
+        level = logging.INFO if move.cap < old else logging.DEBUG
+        logger.log(level, "%s: group cap %d -> %d: %s", self.name, old, move.cap, move.reason)
+        self.save()
+
+    def save(self) -> None:
+        """Keep the evidence in the memory, if there is one."""
+        self._unsaved = 0
+        if self.memory is not None:
+            self.memory.save(self._evidence())
+
+    def _evidence(self) -> Evidence:
+        return Evidence(
+            cap=self.cap,
+            bad=self.bad,
+            counts={size: (a, n) for size, (a, n) in self._counts.items()},
+            recent={size: list(votes) for size, votes in self._recent.items()},
+            tail=list(self._tail),
+            positions={p: (a, n) for p, (a, n) in self._positions.items()},
+            learning_requests=self.learning_requests,
+            moves=list(self.moves),
+        )
+
+    def _restore(self, evidence: Evidence | None) -> None:
+        """Start where the evidence stopped (its cap within this guard's limit)."""
+        if evidence is None:
+            return
+        self.cap = max(1, min(self.max_items, evidence.cap))
+        self.bad = evidence.bad
+        self._counts = {size: list(pair) for size, pair in evidence.counts.items()}
+        self._recent = {s: deque(v, maxlen=RECENT) for s, v in evidence.recent.items()}
+        self._tail.extend(evidence.tail)
+        self._positions = {p: list(pair) for p, pair in evidence.positions.items()}
+        self.learning_requests = evidence.learning_requests
+        self.moves.extend(evidence.moves)
 
     def agreement(self) -> dict[int, Agreement]:
         """Per group size, every verdict so far."""
@@ -131,6 +226,25 @@ class ShadowGuard:
             size: Agreement(agreed, total, *wilson_interval(agreed, total))
             for size, (agreed, total) in sorted(self._counts.items())
         }
+
+    def learning(self) -> CapLearning:
+        """The cap, its evidence and its moves (see :class:`CapLearning`)."""
+        memory = self.memory
+        return CapLearning(
+            self.cap,
+            self.max_items,
+            self.learn,
+            self.bad,
+            sum(self._tail),
+            len(self._tail),
+            self.learning_requests,
+            tuple(self.moves),
+            None if memory is None else str(memory.path),
+        )
+
+    def positions(self) -> Mapping[int, tuple[int, int]]:
+        """Per position in the cap's tail, ``(agreed, total)``."""
+        return {p: (a, n) for p, (a, n) in sorted(self._positions.items())}
 
     def __repr__(self) -> str:
         return f"<ShadowGuard rate={self.rate} cap={self.cap}/{self.max_items}>"

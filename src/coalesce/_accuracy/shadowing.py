@@ -6,17 +6,38 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+import random
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
 
-from .._calls import Job, Runner
+from .._calls import Job, NoObserver, Runner
 from .._observe.events import ShadowEvent
 from .._observe.recorder import PromptRecorder
 from .shadow import ShadowGuard
 
-__all__ = ["Shadowing"]
+__all__ = ["Positions", "Shadowing"]
+
+
+class Positions(NoObserver):
+    """Where each call sat in the last request that carried it: ``(size, position)``,
+    position 1 for the first item written. A listener of the group runner; the shadow
+    guard takes each call's entry once its group is answered."""
+
+    def __init__(self) -> None:
+        self.where: dict[Job, tuple[int, int]] = {}
+
+    def request_sent(self, slots: Mapping[str, Sequence[Job]], reask: bool) -> None:
+        """Note each call's place (a request's ids are in writing order)."""
+        for position, jobs in enumerate(slots.values(), 1):
+            for job in jobs:
+                self.where[job] = (len(slots), position)
+
+    def take(self, job: Job) -> tuple[int, int]:
+        """``job``'s place in its last request, forgotten now (``(company, 0)`` if
+        not noted)."""
+        return self.where.pop(job, (job.company, 0))
 
 
 class Shadowing:
@@ -27,13 +48,23 @@ class Shadowing:
         alone: Asks an item alone, as a plain call counted apart.
         guard: Samples the packed answers and judges them.
         recorder: Told each verdict (a :class:`~coalesce.ShadowEvent`).
+        positions: Where each call sat in its request (told by the runner ``ask``).
     """
 
     def __init__(
-        self, ask: Runner, alone: Runner, guard: ShadowGuard, recorder: PromptRecorder
+        self,
+        ask: Runner,
+        alone: Runner,
+        guard: ShadowGuard,
+        recorder: PromptRecorder,
+        positions: Positions | None = None,
     ) -> None:
         self.ask, self.alone, self.guard, self.recorder = ask, alone, guard, recorder
+        self.positions = positions or Positions()
         self._events = recorder.events
+        # Items are offered to the sampler in a shuffled order, so that a fixed rate
+        # and a fixed group size do not always pick the same position.
+        self._rng = random.Random(0)
 
     async def __call__(self, jobs: list[Job], resolve: Callable[[int, Any], None]) -> None:
         answers: dict[int, Any] = {}
@@ -43,21 +74,28 @@ class Shadowing:
             resolve(index, outcome)
 
         await self.ask(jobs, keep)
+        places = [self.positions.take(job) for job in jobs]
+        order = list(answers)
+        self._rng.shuffle(order)
         # Every caller has its answer: shadow a sample of the packed ones, after.
         async with anyio.create_task_group() as tg:
-            for index, answer in answers.items():
-                job = jobs[index]
-                if not isinstance(answer, BaseException) and self.guard.wants(job.company):
-                    tg.start_soon(self._check, job, answer)
+            for index in order:
+                answer, (size, position) = answers[index], places[index]
+                if size != jobs[index].company:
+                    size, position = jobs[index].company, 0
+                if not isinstance(answer, BaseException) and self.guard.wants(size, position):
+                    tg.start_soon(self._check, jobs[index], answer, position)
 
-    async def _check(self, job: Job, packed: Any) -> None:
+    async def _check(self, job: Job, packed: Any, position: int) -> None:
         """Ask ``job``'s item alone and judge the packed answer against it."""
         alone = Job(job.item, job.key, math.inf, arrival=anyio.current_time())
         plain: list[Any] = []
         await self.alone([alone], lambda _, outcome: plain.append(outcome))
         if plain and not isinstance(plain[0], BaseException):
-            agreed = self.guard.record(job.company, packed, plain[0])
+            agreed = self.guard.record(job.company, packed, plain[0], position)
             self._judged(job.company, agreed)
+        else:
+            self.guard.dropped()
 
     def _judged(self, size: int, agreed: bool) -> None:
         """Tell the verdict: at DEBUG when the answers agreed, else at INFO."""

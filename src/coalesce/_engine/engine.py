@@ -68,7 +68,7 @@ class Engine:
             self._run,
             # When no group can pay for its packing, calls go at once, plain.
             max_wait=options.max_wait if self.pays_from is not None else 0.0,
-            max_items=options.max_items,
+            max_items=parts.max_items,
             max_concurrency=options.max_concurrency,
             partition=_partition,
             name=spec.name,
@@ -170,12 +170,16 @@ class Engine:
     async def aclose(self) -> None:
         """Send every pending call now, wait for all of them, refuse new calls."""
         await self.batcher.aclose()
+        if self.shadow is not None:
+            self.shadow.save()  # what this process learned, for the next one
 
     async def _run(self, jobs: list[Job], resolve: Resolve) -> None:
         await self.parts.runner(jobs, resolve)
 
     def __repr__(self) -> str:
-        limit = self.options.max_items if self.planning is None else self.planning.limits.max_items
+        limit = self.parts.max_items if self.planning is None else self.planning.limits.max_items
+        if self.shadow is not None:
+            limit = min(limit, self.shadow.cap)
         early = self.options.stream and self.trust.enforced
         waiting = self.batcher.statistics().queue_depth
         return (

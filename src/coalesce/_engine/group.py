@@ -9,7 +9,8 @@ few lines:
    arrives and each caller answered as soon as its own output is complete;
 3. :func:`judge`: every id's validated output or failure, once the reply is complete;
 4. :func:`~coalesce._engine.settle.settle` (pure): who gets a value, who an error, who is asked
-   again, in a smaller group, then alone.
+   again, in a smaller group, then alone; an item's last attempt is always a plain
+   call of its own (:func:`last_attempts`).
 
 After each request the runner writes a :class:`~coalesce._calls.RequestReport` for its
 observer (statistics, the planner, usage shares); it never learns or counts itself.
@@ -45,7 +46,7 @@ from .retry import complete_with_retries
 from .settle import give_up_error, settle
 from .spec import FunctionSpec, Options, keyed_replies
 
-__all__ = ["Asked", "Group", "Sent", "build", "judge", "run_group", "send"]
+__all__ = ["Asked", "Group", "Sent", "build", "judge", "last_attempts", "run_group", "send"]
 
 
 @dataclass(frozen=True)
@@ -113,9 +114,13 @@ async def run_group(group: Group, jobs: list[Job], resolve: Resolve) -> None:
         pending = list(range(len(jobs)))
         size = len(pending)
         while pending:
+            alone, packed = last_attempts(group, jobs, pending)
             failed: list[int] = []
-            for start in range(0, len(pending), size):
-                failed += await ask(group, jobs, pending[start : start + size], resolve)
+            async with anyio.create_task_group() as tg:
+                for members in alone:  # the last attempts, each a plain call, at once
+                    tg.start_soon(ask, group, jobs, members, resolve)
+                for start in range(0, len(packed), size):
+                    failed += await ask(group, jobs, packed[start : start + size], resolve)
             pending = failed
             size = max(1, math.ceil(len(failed) / 2)) if size > 1 else 1
         for index, job in enumerate(jobs):
@@ -125,6 +130,29 @@ async def run_group(group: Group, jobs: list[Job], resolve: Resolve) -> None:
                 _give(jobs, index, error, resolve)
     finally:
         group.observer.group_done(jobs)
+
+
+def last_attempts(
+    group: Group, jobs: list[Job], pending: list[int]
+) -> tuple[list[list[int]], list[int]]:
+    """``pending`` split into the re-asks whose next request is their last, each to be
+    asked alone (its job indexes: several with ``dedupe``), and the rest.
+
+    A packed reply's fault (an item dropped, duplicated, the ids shuffled) can strike
+    a packed re-ask again; a plain call of one item cannot suffer it. So an item's last
+    attempt is a plain call, whatever the group it came in.
+    """
+    last = group.options.max_attempts
+    alone: dict[str, list[int]] = {}
+    packed: list[int] = []
+    for index in pending:
+        job = jobs[index]
+        if job.attempts > 0 and job.attempts + 1 >= last:
+            key = job.key if group.options.dedupe else str(index)
+            alone.setdefault(key, []).append(index)
+        else:
+            packed.append(index)
+    return list(alone.values()), packed
 
 
 def _started(jobs: Sequence[Job]) -> None:

@@ -23,12 +23,14 @@ import anyio
 
 from .._accuracy.apart import ApartListener
 from .._accuracy.counts import AccuracyCounts
+from .._accuracy.memory import CapMemory
 from .._accuracy.shadow import ShadowGuard
-from .._accuracy.shadowing import Shadowing
+from .._accuracy.shadowing import Positions, Shadowing
 from .._accuracy.trust import SchemaTrust, declared_enforcement
 from .._accuracy.vote import VoteCosts
 from .._accuracy.voting import Voting
 from .._calls import GroupObserver, Job, Observers, Runner
+from .._defaults import LEARNED_CAP_CEILING, PROMPT_MAX_ITEMS, cap_given, shadow_given
 from .._exceptions import CoalesceWarning
 from .._observe.dispatch import DispatchListener, request_predictor
 from .._observe.listeners import StatisticsListener
@@ -47,7 +49,15 @@ from .admission import Admission, ContextPolicy, admission_for
 from .group import Group, packs, run_group, run_plain
 from .spec import FunctionSpec, Options, keyed_replies
 
-__all__ = ["PackingCosts", "Parts", "assemble", "cache_key", "declared_cache"]
+__all__ = [
+    "PackingCosts",
+    "Parts",
+    "assemble",
+    "cache_key",
+    "declared_cache",
+    "learns",
+    "shadow_rate",
+]
 
 
 @dataclass
@@ -66,6 +76,7 @@ class Parts:
     policy: ContextPolicy
     statistics: StatisticsListener
     dispatch: DispatchListener
+    max_items: int  # the most items a request may ever carry (the cap's limit)
 
     def in_time(self, job: Job, left: float) -> bool:
         """Whether real time may still answer ``job`` with ``left`` seconds (as the
@@ -101,7 +112,15 @@ def assemble(
     lane: str = "realtime",
 ) -> Parts:
     """The parts of one function, its requests counted by ``recorder`` at ``lane``'s
-    price and told to ``observers`` too."""
+    price and told to ``observers`` too.
+
+    When the group cap is learned (:func:`learns`), every part sizes groups up to the
+    learning's ceiling, :data:`~coalesce._defaults.LEARNED_CAP_CEILING`; the shadow
+    guard's cap, in the dispatch policy, keeps them to what was learned.
+    """
+    learn = learns(options)
+    if learn:
+        options = options.replace(max_items=LEARNED_CAP_CEILING)
     estimator = options.token_estimator or estimator_for(spec.model)
     shape = {"structured": spec.provider.structured, "keyed": keyed_replies(spec, options)}
     pinned = footprint(spec.instructions, spec.output_schema, estimator, **shape)
@@ -119,26 +138,42 @@ def assemble(
 
     dispatch = DispatchListener(recorder, planning)
     statistics = StatisticsListener(recorder, pinned, learn_cache, unpinned, lane, dispatch)
+    shadow = _shadow_guard(spec, options, learn, cost.smallest)
+    positions = Positions()
     listeners: list[GroupObserver] = [statistics, trust, admission.window]
     listeners += [planning] if planning is not None else []
     listeners += [vote_costs] if options.vote else []
+    listeners += [positions] if shadow is not None else []
     group = Group(
         spec, options, Observers(*listeners, *observers), planning, trust, cost, cache_key(spec)
     )
-    shadow = _shadow_guard(options)
     cap = None if shadow is None else (lambda: shadow.cap)
     budget = None if planning is None else BudgetPolicy(planning)
     policy = ContextPolicy(admission, budget, cap)
     parts = Parts(
         estimator, pinned, recorder, trust, planning, admission, cost, shadow,
-        partial(run_group, group), policy, statistics, dispatch,
+        partial(run_group, group), policy, statistics, dispatch, options.max_items,
     )  # fmt: skip
-    parts.runner = _runner(parts, group, options, vote_costs)
+    parts.runner = _runner(parts, group, options, vote_costs, positions)
     recorder.part(PackingCosts, PackingCosts).costs.append(cost)
     return parts
 
 
-def _runner(parts: Parts, group: Group, options: Options, vote_costs: VoteCosts) -> Runner:
+def learns(options: Options) -> bool:
+    """Whether the function's group cap is learned: ``shadow=`` is on and ``max_items``
+    was not given (an explicit ``max_items`` pins it)."""
+    return options.shadow > 0 and not cap_given(options.max_items)
+
+
+def shadow_rate(options: Options, learn: bool) -> float:
+    """The function's long-run shadow rate: ``shadow=`` when given; the default only
+    where the cap is learned (with ``max_items`` given, it shadows nothing)."""
+    return options.shadow if learn or shadow_given(options.shadow) else 0.0
+
+
+def _runner(
+    parts: Parts, group: Group, options: Options, vote_costs: VoteCosts, positions: Positions
+) -> Runner:
     """The group runner, with the vote and the shadow guard around it if asked for."""
     recorder = parts.recorder
     priced = parts.cost.price is not None
@@ -161,7 +196,7 @@ def _runner(parts: Parts, group: Group, options: Options, vote_costs: VoteCosts)
     if parts.shadow is not None:
         counts.watch(parts.shadow)
         alone = _apart(group, ApartListener(recorder, counts, "shadow"))
-        runner = Shadowing(runner, partial(run_group, alone), parts.shadow, recorder)
+        runner = Shadowing(runner, partial(run_group, alone), parts.shadow, recorder, positions)
     return runner
 
 
@@ -207,11 +242,32 @@ def _packing_cost(spec: FunctionSpec, options: Options, pinned: Footprint) -> Pa
     return cost
 
 
-def _shadow_guard(options: Options) -> ShadowGuard | None:
-    """The function's shadow guard, if it asked for one (``shadow=``) and packs."""
-    if options.shadow <= 0 or options.max_items < 2:
+def _shadow_guard(
+    spec: FunctionSpec, options: Options, learn: bool, pays_from: int | None
+) -> ShadowGuard | None:
+    """The function's shadow guard, if it asked for one (``shadow=``) and packs.
+
+    A learned cap starts where the function's memory says, else at the safe cap
+    (:data:`~coalesce._defaults.PROMPT_MAX_ITEMS`), or at the smallest group packing
+    pays for if that is larger (smaller groups go as plain calls, and teach nothing).
+    """
+    rate = shadow_rate(options, learn)
+    if rate <= 0 or options.max_items < 2:
         return None
-    return ShadowGuard(options.shadow, options.min_agreement, options.max_items, options.agree)
+    memory = start = None
+    if learn:
+        memory = CapMemory.for_key(cache_key(spec), spec.model)
+        start = max(int(PROMPT_MAX_ITEMS), pays_from or 0)
+    return ShadowGuard(
+        rate,
+        options.min_agreement,
+        options.max_items,
+        options.agree,
+        learn=learn,
+        start=start,
+        memory=memory,
+        name=spec.name,
+    )
 
 
 def declared_cache(spec: FunctionSpec) -> PromptCache | None:

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
-__all__ = ["Agreement", "merged_agreement", "wilson_interval"]
+__all__ = ["Agreement", "CapLearning", "merged_agreement", "wilson_interval"]
 
 
 class Agreement(NamedTuple):
@@ -71,3 +71,32 @@ def merged_agreement(tables: Iterable[Mapping[int, AgreementTuple]]) -> dict[int
         size: Agreement(counts[size], total, *wilson_interval(counts[size], total))
         for size, total in sorted(totals.items())
     }
+
+
+class CapLearning(NamedTuple):
+    """How the group cap was learned (``PromptStatistics.cap_learning``).
+
+    Attributes:
+        cap: The group cap in force.
+        limit: The highest it may go: ``max_items`` when given, else the learning's
+            ceiling.
+        learned: Whether the cap is learned (``max_items`` not given).
+        bad: The smallest group size judged too large (``None``: none yet); the cap
+            never rises to it again.
+        tail_agreed: Agreeing verdicts in the cap's tail (positions past half the cap).
+        tail_total: Verdicts in the cap's tail.
+        learning_requests: Shadow calls made to learn the cap, beyond the ``shadow=``
+            rate (part of ``shadow_requests``).
+        moves: The last moves of the cap, oldest first: ``(from, to, why)``.
+        stored: Where the evidence is kept between processes (``None``: nowhere).
+    """
+
+    cap: int
+    limit: int
+    learned: bool
+    bad: int | None
+    tail_agreed: int
+    tail_total: int
+    learning_requests: int
+    moves: tuple[tuple[int, int, str], ...]
+    stored: str | None

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 from .._batching.quantile import WindowQuantile
 from .._pricing import Price, price_of
 from ..providers import Usage
-from .agreement import Agreement, merged_agreement
+from .agreement import Agreement, CapLearning, merged_agreement
 from .events import (
     CallEvent,
     ContradictionEvent,
@@ -172,6 +172,9 @@ class PromptStatistics(NamedTuple):
     #: shadow calls found packed answers disagreeing with plain ones (under ``wrap``,
     #: the lowest of the model's kinds of call).
     group_cap: int | None = None
+    #: How the group cap was learned (:class:`~coalesce.CapLearning`: the cap, its
+    #: evidence, its last moves and where it is kept); ``None`` without a guard.
+    cap_learning: CapLearning | None = None
     #: ``vote=True``: the requests asking packed groups again in the reverse order,
     #: and the plain calls settling the items whose two answers differed; their
     #: estimated dollars are in ``estimated_cost``, not in the one-per-item baseline.
@@ -716,6 +719,13 @@ def _largest(name: str, snapshots: Sequence[PromptStatistics]) -> float:
     return max(known) if known else math.nan
 
 
+def _first_learning(name: str, snapshots: Sequence[PromptStatistics]) -> CapLearning | None:
+    """The learning of the snapshot with the lowest cap: learning is per process and
+    cannot be added up; the most cautious one stands for all."""
+    given = [value for each in snapshots if (value := getattr(each, name)) is not None]
+    return min(given, key=lambda learning: learning.cap) if given else None
+
+
 def _smallest(name: str, snapshots: Sequence[PromptStatistics]) -> int | None:
     given = [value for each in snapshots if (value := getattr(each, name)) is not None]
     return min(given) if given else None
@@ -756,6 +766,7 @@ _COMBINE: dict[str, Combine] = {
     "agreement_by_size": _agreements,
     "smallest_paying_group": _smallest,
     "group_cap": _smallest,
+    "cap_learning": _first_learning,
 }
 
 
