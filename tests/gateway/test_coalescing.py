@@ -220,7 +220,7 @@ async def test_budget_partition_and_lane_headers_steer_a_call(
         headers = {
             "x-coalesce-partition": f"tenant-{index % 2}",
             "x-coalesce-budget": "3",
-            "x-coalesce-lane": "flex",
+            "x-coalesce-lane": "realtime",
         }
         raw = await client.chat.completions.with_raw_response.create(
             **chat_body(asked[index]), extra_headers=headers
@@ -230,7 +230,6 @@ async def test_budget_partition_and_lane_headers_steer_a_call(
         return dict(raw.headers)
 
     replies = await gather(list(range(8)), one)
-    # Flex is not offered yet: answered in real time, and the reply says so.
     assert {headers["x-coalesce-lane"] for headers in replies} == {"realtime"}
     # The two partitions never shared a request, and the headers never went upstream.
     by_request: dict[str, set[int]] = {}
@@ -300,7 +299,5 @@ async def test_wrap_tells_each_raw_response_its_group_size(
     told = await gather(tickets(8), one)
     replies = [reply_id for reply_id, _ in told]
     assert all(size == replies.count(reply_id) for reply_id, size in told)
-    assert sorted({reply_id: size for reply_id, size in told}.values()) == sorted(
-        r.items for r in sim.requests
-    )
+    assert sorted(dict(told).values()) == sorted(r.items for r in sim.requests)
     await wrapped.close()

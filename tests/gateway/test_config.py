@@ -23,10 +23,11 @@ def test_the_defaults() -> None:
 
 def test_a_flag_beats_the_environment_which_beats_the_file(tmp_path: Path) -> None:
     path = tmp_path / "gateway.json"
-    path.write_text(json.dumps({"budget": 1, "max_items": 8, "lane": "flex", "port": 9000}))
+    path.write_text(json.dumps({"budget": 1, "max_items": 8, "lane": "realtime", "port": 9000}))
     env = {"COALESCE_BUDGET": "3", "COALESCE_MAX_ITEMS": "12"}
     config = load_config(["--config", str(path), "--budget", "5"], env)
-    assert (config.budget, config.max_items, config.lane, config.port) == (5.0, 12, "flex", 9000)
+    settings = (config.budget, config.max_items, config.lane, config.port)
+    assert settings == (5.0, 12, "realtime", 9000)
 
 
 def test_api_key_mode_takes_the_upstream_keys_from_the_environment() -> None:
@@ -51,13 +52,26 @@ def test_api_key_mode_takes_the_upstream_keys_from_the_environment() -> None:
         (["--max-items", "0"], {}, "max_items must be >= 1"),
         (["--openai-upstream", "api.openai.com"], {}, "http:// or https://"),
         (["--port", "70000"], {}, "port must be from 0 to 65535"),
-        (["--store", "/no/such/folder/jobs.db"], {}, "does not exist"),
+        (["--store", "jobs.db"], {}, "store: coalesce serve does not support the batch lane"),
+        (["--lane", "batch"], {}, "the lane setting asks for the batch lane"),
         ([], {"COALESCE_LANE": "slow"}, "lane must be one of"),
     ],
 )
 def test_a_bad_setting_is_refused_by_name(argv: list[str], env: dict[str, str], says: str) -> None:
     with pytest.raises(ConfigurationError, match=says):
         load_config(argv, env)
+
+
+def test_the_store_is_refused_from_a_flag_or_the_file_not_the_environment(
+    tmp_path: Path,
+) -> None:
+    # COALESCE_STORE is where every coalesce process keeps its job store (docs/lanes.md):
+    # set for the library, it must not stop the gateway.
+    assert load_config([], {"COALESCE_STORE": str(tmp_path / "jobs.db")}).lane == "auto"
+    path = tmp_path / "gateway.json"
+    path.write_text(json.dumps({"store": "jobs.db"}))
+    with pytest.raises(ConfigurationError, match="does not support the batch lane yet"):
+        load_config(["--config", str(path)], {})
 
 
 def test_a_bad_file_is_refused(tmp_path: Path) -> None:

@@ -26,12 +26,12 @@ def test_controls_default_to_the_gateways_settings() -> None:
 def test_controls_read_a_calls_own_headers() -> None:
     headers = [
         ("x-coalesce-budget", "0.5"),
-        ("X-Coalesce-Lane", " Flex "),
+        ("X-Coalesce-Lane", " Realtime "),
         ("x-coalesce-partition", "acme"),
         ("x-coalesce", "off"),
     ]
     controls = read_controls(headers, budget=None, lane="auto")
-    assert (controls.lane, controls.budget, controls.coalesce) == ("flex", 0.5, False)
+    assert (controls.lane, controls.budget, controls.coalesce) == ("realtime", 0.5, False)
     # What wrap reads goes to it; the lane is the gateway's.
     assert dict(controls.forwarded) == {
         "x-coalesce-budget": "0.5", "x-coalesce-partition": "acme", "x-coalesce": "off",
@@ -49,6 +49,9 @@ def test_controls_read_a_calls_own_headers() -> None:
         ([("x-coalesce", "no")], "'on' or 'off'"),
         ([("x-coalesce-budjet", "1")], "unknown coalesce header 'x-coalesce-budjet'"),
         ([("x-coalesce-lane", "flex"), ("x-coalesce-lane", "batch")], "given twice"),
+        # Not silently answered in real time: refused, saying so.
+        ([("x-coalesce-lane", "batch")], "asks for the batch lane, which coalesce serve does not"),
+        ([("x-coalesce-lane", " Flex ")], "asks for the flex lane.*real time only"),
     ],
 )
 def test_a_bad_control_header_is_refused_by_name(headers: list[tuple[str, str]], says: str) -> None:

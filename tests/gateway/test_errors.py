@@ -112,6 +112,21 @@ _ANTHROPIC = {"x-api-key": "sk-team"}
         (
             "/v1/chat/completions",
             chat_body("x"),
+            {**_OPENAI, "x-coalesce-lane": "batch"},
+            400,
+            "the x-coalesce-lane header asks for the batch lane, which coalesce serve does not"
+            " support yet",
+        ),
+        (
+            "/v1/messages",
+            messages_body("x"),
+            {**_ANTHROPIC, "x-coalesce-lane": "flex"},
+            400,
+            "the x-coalesce-lane header asks for the flex lane",
+        ),
+        (
+            "/v1/chat/completions",
+            chat_body("x"),
             {**_OPENAI, "x-coalesce-budjet": "1"},
             400,
             "x-coalesce-budjet",
@@ -184,3 +199,30 @@ async def test_api_key_mode_checks_client_keys_and_sends_its_own(
         for client in (good, bad, claude):
             await client.close()
     assert [record.api_key for record in sim.requests] == ["sk-upstream"]
+
+
+async def test_a_body_over_the_limit_gets_413_in_the_providers_shape(
+    sim: SimulatedProvider, sim_url: str
+) -> None:
+    async with serving(gateway_config(sim_url, max_body_size=8192)) as running:
+        client = openai.AsyncOpenAI(base_url=running.openai_url, api_key="sk", max_retries=0)
+        with pytest.raises(openai.APIStatusError, match="limit of 8192 bytes") as caught:
+            await client.chat.completions.create(**chat_body("Ticket 1: " + "x" * 8000))
+        assert caught.value.status_code == 413
+        assert caught.value.body["type"] == "invalid_request_error"  # type: ignore[index]
+
+        async def chunked() -> Any:  # no content-length: refused as it streams in
+            yield json.dumps(messages_body("Ticket 2: " + "y" * 8000)).encode()
+
+        headers = {"x-api-key": "sk", "anthropic-version": "2023-06-01"}
+        async with httpx.AsyncClient() as http:
+            reply = await http.post(
+                f"{running.url}/v1/messages", content=chunked(), headers=headers
+            )
+        assert reply.status_code == 413
+        assert reply.json()["error"]["type"] == "request_too_large"
+        assert sim.requests == ()
+        # A call under the limit still goes through.
+        answer = await client.chat.completions.create(**chat_body("Ticket 3: hello"))
+        assert answer.choices[0].message.content
+        await client.close()

@@ -7,7 +7,8 @@ shutdown.
   not stopping), ``GET /metrics`` (Prometheus, :mod:`.metrics`);
 * every other method and path: proxied untouched (:mod:`.proxy`).
 
-Startup opens the upstream clients (:meth:`~.upstream.Upstreams.open`); shutdown, which
+Startup loads the token encodings (:func:`~.upstream.warm_up`) and opens the upstream
+clients (:meth:`~.upstream.Upstreams.open`); shutdown, which
 the server runs once the calls in flight have their replies, closes them: what still
 waits in an engine is sent and awaited first.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
+import anyio.to_thread
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -27,7 +29,7 @@ from .metrics import CONTENT_TYPE
 from .proxy import proxy
 from .routes import APIS, Api, answer
 from .state import GatewayState
-from .upstream import Upstreams
+from .upstream import Upstreams, warm_up
 
 __all__ = ["METHODS", "create_app", "gateway_of"]
 
@@ -84,6 +86,7 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> Star
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await anyio.to_thread.run_sync(warm_up)
         gateway.upstreams = Upstreams.open(config, gateway.metrics)
         try:
             yield

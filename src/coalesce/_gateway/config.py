@@ -23,6 +23,7 @@ from typing import Any
 from .._defaults import PROMPT_MAX_ITEMS, PROMPT_MAX_WAIT
 from .._engine.spec import LANE_CHOICES
 from .._exceptions import ConfigurationError
+from .controls import SERVED_LANES, unserved_lane
 
 __all__ = ["DEFAULTS", "ENV_PREFIX", "GatewayConfig", "build_parser", "load_config"]
 
@@ -41,6 +42,7 @@ DEFAULTS: Mapping[str, Any] = {
     "max_wait": PROMPT_MAX_WAIT,
     "max_retries": 0,
     "upstream_timeout": 600.0,
+    "max_body_size": 16 * 1024 * 1024,
     "store": None,
     "api_keys": (),
     "graceful_timeout": 30.0,
@@ -62,13 +64,18 @@ class GatewayConfig:
         anthropic_upstream: The Anthropic API's base URL, without ``/v1``.
         budget: Seconds a call may take end to end unless its ``x-coalesce-budget``
             header says otherwise; with a budget, groups are sized against it.
-        lane: The lane of a call without an ``x-coalesce-lane`` header.
+        lane: The lane of a call without an ``x-coalesce-lane`` header (``auto`` or
+            ``realtime``: flex and batch are not supported yet).
         max_items: Most calls in one upstream request.
         max_wait: Longest wait for company without a budget, in seconds.
         max_retries: Retries of a failed upstream request inside the gateway (the
             clients' SDKs retry too; 0 leaves retrying to them).
         upstream_timeout: Longest one upstream request may run, in seconds.
-        store: The batch lane's durable job store (a SQLite file), if any.
+        max_body_size: Largest body of a coalesced call, in bytes (16 MiB); a larger one
+            gets a 413. Proxied paths (file uploads) stream their bodies through unread.
+        store: The batch lane's durable job store (a SQLite file). Unused until the
+            gateway supports the batch lane: ``--store`` (or ``store`` in the file) is
+            refused; ``COALESCE_STORE``, the job store of every coalesce process, is not.
         api_keys: The keys clients must present in ``--api-key`` mode (the gateway
             then sends upstream with ``openai_api_key`` / ``anthropic_api_key``);
             empty: each call's own credential is sent upstream with it.
@@ -88,6 +95,7 @@ class GatewayConfig:
     max_wait: float = DEFAULTS["max_wait"]
     max_retries: int = DEFAULTS["max_retries"]
     upstream_timeout: float = DEFAULTS["upstream_timeout"]
+    max_body_size: int = DEFAULTS["max_body_size"]
     store: Path | None = DEFAULTS["store"]
     api_keys: tuple[str, ...] = field(default=DEFAULTS["api_keys"], repr=False)
     openai_api_key: str | None = field(default=None, repr=False)
@@ -127,6 +135,12 @@ def _check(config: GatewayConfig) -> None:
         raise ConfigurationError(
             f"lane must be one of {', '.join(LANE_CHOICES)}, got {config.lane!r}"
         )
+    if config.lane not in SERVED_LANES:
+        raise ConfigurationError(unserved_lane("the lane setting", config.lane))
+    if config.max_body_size < 1:
+        raise ConfigurationError(
+            f"max_body_size must be a number of bytes >= 1, got {config.max_body_size}"
+        )
     if config.max_items < 1 or config.max_retries < 0:
         raise ConfigurationError(
             f"max_items must be >= 1 and max_retries >= 0, got {config.max_items} and"
@@ -135,11 +149,6 @@ def _check(config: GatewayConfig) -> None:
     if config.log_level not in _LOG_LEVELS:
         raise ConfigurationError(
             f"log_level must be one of {', '.join(_LOG_LEVELS)}, got {config.log_level!r}"
-        )
-    if config.store is not None and not config.store.parent.is_dir():
-        raise ConfigurationError(
-            f"store: the folder of {str(config.store)!r} does not exist; create it or give"
-            " another path"
         )
     if any(not key.strip() for key in config.api_keys):
         raise ConfigurationError("api_keys: a client key is empty; give non-empty keys")
@@ -174,12 +183,13 @@ def build_parser() -> argparse.ArgumentParser:
     add("--openai-upstream", metavar="URL", help=f"default {DEFAULTS['openai_upstream']}")
     add("--anthropic-upstream", metavar="URL", help=f"default {DEFAULTS['anthropic_upstream']}")
     add("--budget", type=float, metavar="SECONDS", help="default latency budget of a call")
-    add("--lane", choices=LANE_CHOICES, help="default lane of a call (default auto)")
+    add("--lane", choices=LANE_CHOICES, help="default lane of a call: auto or realtime")
     add("--max-items", type=int, help=f"most calls per request (default {DEFAULTS['max_items']})")
     add("--max-wait", type=float, metavar="SECONDS", help="longest wait without a budget")
     add("--max-retries", type=int, help="retries of a failed upstream request (default 0)")
     add("--upstream-timeout", type=float, metavar="SECONDS", help="default 600")
-    add("--store", type=Path, metavar="PATH", help="the batch lane's job store")
+    add("--max-body-size", type=int, metavar="BYTES", help="of a coalesced call (16 MiB)")
+    add("--store", type=Path, metavar="PATH", help="the batch lane's job store (not yet)")
     add(
         "--api-key",
         dest="api_keys",
@@ -207,7 +217,13 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) -
     env = os.environ if environ is None else environ
     args = vars(build_parser().parse_args(list(argv)))
     path = args.pop("config", None) or env.get(f"{ENV_PREFIX}CONFIG")
-    settings = {**_from_file(path), **_from_env(env)}
+    from_file = _from_file(path)
+    if args.get("store") is not None or from_file.get("store") is not None:
+        raise ConfigurationError(
+            "store: coalesce serve does not support the batch lane yet, so it keeps no job"
+            " store; leave out --store (and store in the configuration file)"
+        )
+    settings = {**from_file, **_from_env(env)}
     settings.update({name: value for name, value in args.items() if value is not None})
     if settings.get("api_keys"):
         settings.setdefault("openai_api_key", env.get("OPENAI_API_KEY"))
@@ -222,6 +238,7 @@ _KINDS: Mapping[str, Any] = {
     "max_wait": float,
     "max_retries": int,
     "upstream_timeout": float,
+    "max_body_size": int,
     "graceful_timeout": float,
     "store": Path,
 }

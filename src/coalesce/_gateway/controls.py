@@ -1,7 +1,8 @@
 """The headers a client steers one call with, and the headers its reply tells it by.
 
-A call may carry ``x-coalesce-budget`` (seconds), ``x-coalesce-lane`` (``auto``,
-``realtime``, ``flex``, ``batch``), ``x-coalesce-partition`` and ``x-coalesce: off``.
+A call may carry ``x-coalesce-budget`` (seconds), ``x-coalesce-lane`` (``auto`` or
+``realtime``; ``flex`` and ``batch`` are refused until ``coalesce.wrap`` takes a lane per
+call), ``x-coalesce-partition`` and ``x-coalesce: off``.
 The gateway reads the lane itself and hands the others to ``coalesce.wrap`` as the
 call's ``extra_headers``, where :func:`~coalesce._wrap.headers.coalesce_headers` reads
 them (one set of rules for the SDK and the gateway: the same values are valid, the same
@@ -23,6 +24,7 @@ __all__ = [
     "LANE_HEADER",
     "OFFERED_LANES",
     "REQUEST_ID_HEADER",
+    "SERVED_LANES",
     "Controls",
     "read_controls",
     "reply_headers",
@@ -35,10 +37,12 @@ LANE_HEADER = "x-coalesce-lane"
 GROUP_SIZE_HEADER = "x-coalesce-group-size"
 #: In a reply: the upstream request that answered this one (the provider's reply id).
 REQUEST_ID_HEADER = "x-coalesce-request-id"
-#: The lanes the gateway answers in today. ``coalesce.wrap`` coalesces in real time
-#: only; flex and batch calls are answered in real time (and their replies say so)
-#: until it takes a lane per call.
+#: The lanes the gateway answers in today: ``coalesce.wrap`` coalesces in real time only.
 OFFERED_LANES = frozenset({"realtime"})
+#: The lanes a call (or the gateway's default) may ask for: ``auto`` is the cheapest
+#: offered lane the budget allows, which is real time. A call asking for ``flex`` or
+#: ``batch`` is refused rather than answered at real-time prices.
+SERVED_LANES = ("auto", "realtime")
 
 
 @dataclass(frozen=True)
@@ -101,14 +105,24 @@ def _lane(value: str) -> str:
         raise ConfigurationError(
             f"the {LANE_HEADER} header must be one of {', '.join(LANE_CHOICES)}, got {value!r}"
         )
+    if word not in SERVED_LANES:
+        raise ConfigurationError(unserved_lane(f"the {LANE_HEADER} header", word))
     return word
+
+
+def unserved_lane(what: str, lane: str) -> str:
+    """Why ``what`` (a header, a setting) may not ask for ``lane`` (flex or batch)."""
+    return (
+        f"{what} asks for the {lane} lane, which coalesce serve does not support yet: it"
+        f" answers in real time only. Send {' or '.join(SERVED_LANES)} (or leave it out),"
+        f" or run the {lane} work in process with coalesce.prompt(lane={lane!r})"
+    )
 
 
 def served_lane(asked: str, offered: frozenset[str] = OFFERED_LANES) -> str:
     """The lane a call asking for ``asked`` is answered in: that lane where the gateway
-    offers it, else real time (as the lane router answers a flex call where flex is
-    not offered); ``auto`` is the cheapest offered lane the budget allows, which with
-    real time alone is real time."""
+    offers it, else real time; ``auto`` is the cheapest offered lane the budget allows,
+    which with real time alone is real time."""
     if asked in offered:
         return asked
     return "realtime"

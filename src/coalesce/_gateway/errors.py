@@ -6,7 +6,7 @@ status, its body, its rate-limit and request-id headers. What the gateway itself
 refuses or cannot do gets that provider's own shape: OpenAI's ``{"error": {"message",
 "type", "param", "code"}}``, Anthropic's ``{"type": "error", "error": {"type",
 "message"}}``, with the status that says who is at fault (400 a malformed call, 401 a
-missing or refused key, 502 an upstream that failed, 504 one that did not answer in
+missing or refused key, 413 a body over the gateway's limit, 502 an upstream that failed, 504 one that did not answer in
 time, 503 a gateway that is stopping).
 """
 
@@ -36,6 +36,7 @@ _ANTHROPIC_KINDS = {
     400: "invalid_request_error",
     401: "authentication_error",
     404: "not_found_error",
+    413: "request_too_large",
     429: "rate_limit_error",
     503: "overloaded_error",
 }

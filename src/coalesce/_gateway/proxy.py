@@ -6,14 +6,15 @@ The request goes to the provider it is for (Anthropic's when it carries
 otherwise) with its method, path, query, headers and body as they came (the body
 streamed through, not read whole), and the upstream's response comes back byte for
 byte: its status, its headers (compressed bodies stay compressed) and its body,
-streamed as it arrives. Only hop-by-hop headers and the gateway's own ``x-coalesce*``
+streamed as it arrives (a small reply of known length is read whole first, which costs
+less than a stream). Only hop-by-hop headers and the gateway's own ``x-coalesce*``
 ones are dropped and, in ``--api-key`` mode, the client's key is checked and replaced by
 the gateway's upstream key.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from urllib.parse import urlsplit
 
 import anyio
@@ -25,7 +26,7 @@ from .callers import Unauthorized, read_caller
 from .errors import error_response
 from .state import GatewayState
 
-__all__ = ["provider_of", "proxy", "upstream_url"]
+__all__ = ["forward", "provider_of", "proxy", "upstream_url"]
 
 _HOP = frozenset(
     {
@@ -34,6 +35,9 @@ _HOP = frozenset(
     }
 )  # fmt: skip
 _CREDENTIALS = ("authorization", "x-api-key")
+#: Replies up to this many bytes, of a known length, are read whole before they are
+#: passed on; longer ones, and streams, are passed on as they arrive.
+_WHOLE = 1024 * 1024
 
 
 def provider_of(headers: Mapping[str, str]) -> str:
@@ -81,23 +85,63 @@ async def proxy(state: GatewayState, request: Request) -> Response:
     """Any other request, to its upstream and back (see the module doc)."""
     started = anyio.current_time()
     provider = provider_of(request.headers)
+    path, method = request.url.path, request.method
+
+    def done(status: int) -> None:
+        seconds = anyio.current_time() - started
+        state.metrics.proxied(provider, method, path, status, seconds)
+
+    return await forward(state, provider, request, request.stream(), done)
+
+
+async def forward(
+    state: GatewayState,
+    provider: str,
+    request: Request,
+    content: bytes | AsyncIterator[bytes],
+    done: Callable[[int], None],
+    told: Callable[[Mapping[str, str]], Mapping[str, str]] | None = None,
+) -> Response:
+    """``request`` (its method, path, query and headers, with ``content`` for its body)
+    to ``provider``'s upstream, and the upstream's response back, streamed.
+
+    Args:
+        state: The gateway's state.
+        provider: ``"openai"`` or ``"anthropic"``.
+        request: The client's request.
+        content: Its body: the bytes already read, or its stream.
+        done: Called with the status once the response has been relayed, or failed
+            upstream.
+        told: Headers to add to the response, from the upstream's.
+    """
     assert state.upstreams is not None  # the routes run between startup and shutdown
     upstream, http = state.upstreams.of(provider), state.upstreams.http
     try:
-        headers = _headers(state, provider, request.headers)
+        sent_headers = _headers(state, provider, request.headers)
     except Unauthorized as exc:
         return error_response(provider, 401, str(exc))
     if state.config.holds_keys and not upstream.has_key:
         return error_response(provider, 503, f"this gateway holds no {provider} key")
     url = upstream_url(upstream.base_url, request.url.path, request.url.query)
-    sent = http.build_request(request.method, url, headers=headers, content=request.stream())
+    sent = http.build_request(request.method, url, headers=sent_headers, content=content)
     try:
         response = await http.send(sent, stream=True)
     except httpx.TimeoutException:
+        done(504)
         return error_response(provider, 504, "the upstream did not answer in time")
     except httpx.HTTPError:
+        done(502)
         return error_response(provider, 502, "the gateway could not reach the upstream; try again")
-    path, method, status = request.url.path, request.method, response.status_code
+    added = told(response.headers) if told is not None else {}
+    if _small(response):
+        return await _whole(provider, response, done, added)
+    return _relayed(response, done, added)
+
+
+def _relayed(
+    response: httpx.Response, done: Callable[[int], None], headers: Mapping[str, str]
+) -> Response:
+    """The upstream's ``response`` as the gateway's, its body streamed as it arrives."""
 
     async def body() -> AsyncIterator[bytes]:
         try:
@@ -106,13 +150,45 @@ async def proxy(state: GatewayState, request: Request) -> Response:
         finally:
             with anyio.CancelScope(shield=True):
                 await response.aclose()
-            seconds = anyio.current_time() - started
-            state.metrics.proxied(provider, method, path, status, seconds)
+            done(response.status_code)
 
-    reply = StreamingResponse(body(), status)
-    reply.raw_headers = [
+    reply = StreamingResponse(body(), response.status_code)
+    reply.raw_headers = _raw_headers(response, headers)
+    return reply
+
+
+async def _whole(
+    provider: str,
+    response: httpx.Response,
+    done: Callable[[int], None],
+    headers: Mapping[str, str],
+) -> Response:
+    """The upstream's small, complete ``response`` read whole and passed on (cheaper than
+    a stream; its bytes as they came, compressed or not)."""
+    try:
+        content = b"".join([chunk async for chunk in response.aiter_raw()])
+    except httpx.HTTPError:
+        done(502)
+        return error_response(provider, 502, "the upstream's reply broke off; try again")
+    finally:
+        with anyio.CancelScope(shield=True):
+            await response.aclose()
+    done(response.status_code)
+    reply = Response(content, response.status_code)
+    reply.raw_headers = _raw_headers(response, headers)
+    return reply
+
+
+def _raw_headers(response: httpx.Response, headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
+    return [
         (name.lower().encode("latin-1"), value.encode("latin-1"))
-        for name, value in response.headers.multi_items()
+        for name, value in [*response.headers.multi_items(), *headers.items()]
         if name.lower() not in _HOP and name.lower() not in ("date", "server")
     ]
-    return reply
+
+
+def _small(response: httpx.Response) -> bool:
+    """A reply of a known, small length that is not a stream of events."""
+    length = response.headers.get("content-length", "")
+    kind = response.headers.get("content-type", "")
+    return length.isdigit() and int(length) <= _WHOLE and "event-stream" not in kind

@@ -3,15 +3,18 @@
 
 One call's path (:func:`answer`):
 
-1. :func:`read_call`: the body as JSON with a model (else 400 in the provider's
-   shape), the ``x-coalesce*`` headers (:func:`~.controls.read_controls`), the caller
-   (:func:`~.callers.read_caller`, else 401), and the SDK method's keyword arguments
-   (:func:`sdk_arguments`: fields the SDK does not name go in ``extra_body``, and then
-   ``wrap`` passes the call through untouched);
-2. the SDK method's ``with_streaming_response`` form on the caller's copy of the
-   wrapped client: ``wrap`` coalesces the call, or passes it through, and either way
+1. :func:`read_call`: the body, at most ``max_body_size`` bytes (else 413), as JSON
+   with a model (else 400 in the provider's shape), the ``x-coalesce*`` headers
+   (:func:`~.controls.read_controls`), the caller (:func:`~.callers.read_caller`, else
+   401), and the SDK method's keyword arguments (:func:`sdk_arguments`: fields the SDK
+   does not name go in ``extra_body``, and then ``wrap`` passes the call through
+   untouched);
+2. a call that cannot share a request (``x-coalesce: off``, or ``max_items`` 1) is
+   proxied untouched (:func:`pass_through`), without the cost of an SDK call;
+3. otherwise the SDK method's ``with_streaming_response`` form on the caller's copy of
+   the wrapped client: ``wrap`` coalesces the call, or passes it through, and either way
    returns the SDK's raw response;
-3. :func:`relay`: its status, headers and body to the client, a stream event for event,
+4. :func:`relay`: its status, headers and body to the client, a stream event for event,
    with the ``x-coalesce-*`` reply headers; an error as :mod:`.errors` shapes it.
 """
 
@@ -33,6 +36,7 @@ from .callers import Caller, Unauthorized, read_caller
 from .controls import GROUP_SIZE_HEADER, Controls, read_controls, reply_headers, served_lane
 from .errors import error_response, failure_response, reply_headers_of
 from .logs import label
+from .proxy import forward
 from .state import GatewayState
 from .upstream import PARTITION
 
@@ -80,6 +84,7 @@ class Call:
     method: Any  # the SDK method's with_streaming_response form, on the caller's copy
     kwargs: dict[str, Any]
     started: float
+    body: bytes
 
 
 class Refused(Exception):
@@ -128,9 +133,33 @@ def sdk_arguments(
     return kwargs
 
 
-async def _body(request: Request) -> dict[str, Any]:
+async def _read(request: Request, limit: int) -> bytes:
+    """The request's body, refused (413) once it is over ``limit`` bytes: by its declared
+    length before any of it is read, else as it streams in."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(limit: int) -> Refused:
+    return Refused(
+        413,
+        f"the request body is larger than this gateway's limit of {limit} bytes; send a"
+        " smaller call, or start the gateway with a larger --max-body-size",
+    )
+
+
+def _json(raw: bytes) -> dict[str, Any]:
     try:
-        data = json.loads(await request.body())
+        data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise Refused(400, f"the body is not valid JSON ({exc}); send a JSON object") from None
     if not isinstance(data, dict):
@@ -161,7 +190,8 @@ async def read_call(state: GatewayState, api: Api, request: Request) -> Call:
     """
     started = anyio.current_time()
     config, headers = state.config, request.headers
-    data = await _body(request)
+    raw = await _read(request, config.max_body_size)
+    data = _json(raw)
     try:
         controls = read_controls(headers.items(), budget=config.budget, lane=config.lane)
         caller = read_caller(api.provider, headers, config.api_keys)
@@ -182,7 +212,8 @@ async def read_call(state: GatewayState, api: Api, request: Request) -> Call:
         raise Refused(400, str(exc)) from None
     if betas:
         kwargs["betas"] = betas
-    return Call(api, state.metrics.model(data["model"]), controls, caller, method, kwargs, started)
+    model = state.metrics.model(data["model"])
+    return Call(api, model, controls, caller, method, kwargs, started, raw)
 
 
 async def answer(state: GatewayState, api: Api, request: Request) -> Response:
@@ -195,6 +226,8 @@ async def answer(state: GatewayState, api: Api, request: Request) -> Response:
         metrics.in_flight.dec()
         return error_response(api.provider, exc.status, str(exc))
     lane = served_lane(call.controls.lane)
+    if state.config.max_items == 1 or not call.controls.coalesce:
+        return await pass_through(state, call, lane, request)
     token = PARTITION.set(call.caller.partition)
     try:
         manager = call.method(**call.kwargs)
@@ -206,6 +239,20 @@ async def answer(state: GatewayState, api: Api, request: Request) -> Response:
     finally:
         PARTITION.reset(token)
     return await relay(state, call, lane, manager, response)
+
+
+async def pass_through(state: GatewayState, call: Call, lane: str, request: Request) -> Response:
+    """A call that cannot share a request (``x-coalesce: off``, or a gateway with
+    ``max_items`` 1): proxied untouched, as ``wrap`` would pass it through, without the
+    cost of an SDK call."""
+
+    def done(status: int) -> None:
+        _finished(state, call, lane, status, alone=True)
+
+    def told(upstream: Mapping[str, str]) -> dict[str, str]:
+        return _told(upstream, False, lane)
+
+    return await forward(state, call.api.provider, request, call.body, done, told)
 
 
 async def relay(

@@ -9,6 +9,10 @@ sent through a copy made with its caller's credential (:meth:`Upstream.client_fo
 the engines, and ``wrap`` gives a copy with other credentials engines and requests of
 its own. The partition of ``--api-key`` mode reaches ``wrap``'s ``partition=`` through
 :data:`PARTITION`, set by the route around each call.
+
+:func:`warm_up` loads at startup what the first coalesced call would otherwise load
+inside the event loop (the token encodings: half a second or more of CPU), where it
+would stall every call in flight and teach the planner a provider slower than it is.
 """
 
 from __future__ import annotations
@@ -20,12 +24,13 @@ from typing import Any
 
 import httpx
 
+from .._planning.encodings import encoding
 from .._wrap import wrap
 from .callers import Caller
 from .config import GatewayConfig
 from .metrics import GatewayMetrics
 
-__all__ = ["COPIES", "PARTITION", "PROVIDERS", "Upstream", "Upstreams"]
+__all__ = ["COPIES", "PARTITION", "PROVIDERS", "Upstream", "Upstreams", "warm_up"]
 
 #: Client copies kept per provider, one per caller (the least recently used goes first).
 COPIES = 1024
@@ -37,6 +42,15 @@ PARTITION: ContextVar[str | None] = ContextVar("coalesce_gateway_partition", def
 #: The root clients' key in pass-through mode: never sent, since every call goes
 #: through a copy holding its own caller's key.
 _UNSET_KEY = "coalesce-gateway-no-key"
+#: The token encodings the planner counts with: OpenAI's newer models', and the
+#: stand-in of every other model (see :func:`~coalesce._planning.encodings.encoding_name_for`).
+_ENCODINGS = ("o200k_base", "cl100k_base")
+
+
+def warm_up() -> None:
+    """Load the token encodings now (see the module doc); run it in a worker thread."""
+    for name in _ENCODINGS:
+        encoding(name)
 
 
 def _partition(**_: Any) -> str | None:

@@ -12,6 +12,7 @@ listener. A copy of the wrapped client with other credentials or another base UR
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from .._engine.engine import Engine
@@ -22,7 +23,19 @@ from ..providers import Provider
 from .call import SdkCall
 from .translator import Answer
 
-__all__ = ["Engines"]
+__all__ = ["Answered", "Engines"]
+
+
+@dataclass(frozen=True)
+class Answered(Answer):
+    """An :class:`~.translator.Answer`, and how many calls shared the request that
+    answered it (the ``x-coalesce-group-size`` of its raw response).
+
+    Attributes:
+        company: Calls in the last request that carried it (1: it went alone).
+    """
+
+    company: int = 1
 
 
 def _validator(schema: Mapping[str, Any] | None) -> Callable[[Any], Any]:
@@ -119,9 +132,10 @@ class Engines:
         budget: float | None = None,
         partition: Hashable = None,
         sender: str | None = None,
-    ) -> Answer:
-        """Await ``call``'s own answer, with its usage share and the reply that carried
-        it (the share's ``finished`` event is set once it is final).
+    ) -> Answered:
+        """Await ``call``'s own answer, with its usage share, the reply that carried it
+        (the share's ``finished`` event is set once it is final) and how many calls
+        that reply answered.
 
         Args:
             call: The call, as its translator read it.
@@ -137,7 +151,7 @@ class Engines:
         except BaseException:
             self._shares.forget(job)
             raise
-        return Answer(value, call, share)
+        return Answered(value, call, share, company=max(job.company, 1))
 
     async def aclose(self) -> None:
         """Close every engine: pending calls are sent now and awaited."""

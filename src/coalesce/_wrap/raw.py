@@ -139,6 +139,18 @@ def _type(path: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
+def _headers(
+    sdk: str, own_id: str | None, reply_id: str | None, group_size: int | None
+) -> dict[str, str]:
+    """A coalesced call's response headers: its request id, and what coalesce did."""
+    headers = {_REQUEST_ID[sdk]: str(own_id or f"req_{uuid.uuid4().hex}"), "x-coalesce": "on"}
+    if reply_id:
+        headers["x-coalesce-reply-id"] = reply_id
+    if group_size is not None:
+        headers["x-coalesce-group-size"] = str(group_size)
+    return headers
+
+
 def raw_response(
     client: Any,
     sdk: str,
@@ -150,6 +162,7 @@ def raw_response(
     parsed: bool = False,
     waited: float = 0.0,
     reply_id: str | None = None,
+    group_size: int | None = None,
 ) -> Any:
     """The SDK's raw-response object for a coalesced ``reply``.
 
@@ -165,15 +178,13 @@ def raw_response(
             own ``parse`` post-processes its reply.
         waited: Seconds the caller waited (the response's ``elapsed``).
         reply_id: The id of the packed reply that carried the call, if known.
+        group_size: Calls in the request that answered it (``x-coalesce-group-size``).
     """
     import httpx2
 
     module = importlib.import_module(sdk)
     request = httpx2.Request("POST", _url(client, endpoint), headers={RAW_HEADER: mode})
-    own_id = getattr(reply, "id", None) if not stream else None
-    headers = {_REQUEST_ID[sdk]: str(own_id or f"req_{uuid.uuid4().hex}"), "x-coalesce": "on"}
-    if reply_id:
-        headers["x-coalesce-reply-id"] = reply_id
+    headers = _headers(sdk, None if stream else getattr(reply, "id", None), reply_id, group_size)
     response = _response(request, reply, stream, headers)
     response.elapsed = datetime.timedelta(seconds=waited)
     events = _type(endpoint.events)

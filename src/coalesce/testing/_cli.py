@@ -147,7 +147,9 @@ def main(argv: list[str]) -> int:
             "coalesce simulate needs uvicorn: pip install 'coalesce-llm[testing]'", file=sys.stderr
         )
         return 2
-    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+    # IPPROTO_TCP named: asyncio then sets TCP_NODELAY on each connection (see _server.py).
+    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((args.host, args.port))

@@ -42,7 +42,11 @@ class ServerThread:
     def __init__(self, app: ASGIApp, host: str, port: int) -> None:
         import uvicorn
 
-        self.socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        # IPPROTO_TCP named, not left 0: asyncio sets TCP_NODELAY only on sockets whose
+        # protocol says TCP; without it a kept-alive client waits ~40 ms for each small
+        # reply whose headers and body go in two writes (Nagle against delayed ACKs).
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.socket = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             self.socket.bind((host, port))
