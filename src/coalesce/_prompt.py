@@ -1,7 +1,10 @@
 """``@coalesce.prompt``: an LLM function whose concurrent calls share one packed prompt.
 
 The decorated function's signature is the item, its return annotation the output
-schema and its docstring the shared instructions. This module only translates: the
+schema and its docstring the shared instructions. ``await f(x)`` from any event loop
+(forwarded to the loop its batcher serves), ``f.sync(x)`` from synchronous code,
+``f.map(items)`` / ``f.sync.map(items)`` for many items (:mod:`coalesce._sync`). This
+module only translates: the
 call's arguments into an item, the decorator's keywords into a
 :class:`~coalesce._engine.spec.FunctionSpec` and :class:`~coalesce._engine.spec.Options`; the
 :class:`~coalesce._engine.engine.Engine` does the rest (grouping, packing, splitting,
@@ -16,13 +19,15 @@ import difflib
 import functools
 import inspect
 import typing
-from collections.abc import Awaitable, Callable, Hashable, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 
 import pydantic
 
 from . import _defaults
+from ._batching.runtime import CARRIED
 from ._batching.stats import BatcherStatistics
+from ._engine.budget import budget_override
 from ._engine.engine import Engine
 from ._engine.spec import FunctionSpec, LaneChoice, Options
 from ._exceptions import ConfigurationError, InvalidInputError
@@ -31,6 +36,9 @@ from ._observe.recorder import EventHook, PromptStatistics
 from ._planning.latency import LatencyPrior
 from ._planning.tokens import TokenEstimator
 from ._pricing import Price
+from ._sync.blocking import Blocking
+from ._sync.bulk import MapCall, OnProgress, default_concurrency, spread
+from ._sync.progress import ProgressOption
 from ._validate import (
     ArgumentTypes,
     bind_arguments,
@@ -48,14 +56,21 @@ Out = TypeVar("Out")
 
 _UNBOUND: Any = object()  # a PromptFunction not accessed through an instance
 
+# A ``latency_budget()`` block follows a call to the loop that answers it.
+CARRIED.append(budget_override)
+
 
 class PromptFunction(Generic[P, Out]):
     """What ``@coalesce.prompt`` returns: call it like the function it decorates.
 
-    ``await f(*args, **kwargs)`` returns that call's own validated output. On a method,
-    ``obj.f(x)`` binds ``obj`` like a method: ``self`` is passed to the body and to
-    ``partition`` but is not part of the item, and every instance shares one engine
-    (one batcher, one set of statistics).
+    ``await f(*args, **kwargs)`` returns that call's own validated output, from any
+    event loop or thread: a call made on another loop than the one its batcher serves
+    is forwarded there, so the calls of every loop coalesce together. From synchronous
+    code, ``f.sync(*args, **kwargs)`` blocks for it (see :attr:`sync`); for many items,
+    ``await f.map(items)`` (see :meth:`map`). On a method, ``obj.f(x)`` binds ``obj``
+    like a method: ``self`` is passed to the body and to ``partition`` but is not part
+    of the item, and every instance shares one engine (one batcher, one set of
+    statistics).
     """
 
     def __init__(
@@ -93,7 +108,73 @@ class PromptFunction(Generic[P, Out]):
             args = (self._instance, *args)  # type: ignore[assignment]
         item = await self._item(args, kwargs)
         partition = self._key(args, kwargs)
-        return await self._lanes.submit(item, partition=partition)  # type: ignore[no-any-return]
+        # The call (its budget, its job) is made on the loop that answers it.
+        submit = functools.partial(self._lanes.submit, item, partition=partition)
+        return await self._engine.batcher.run_on_its_loop(submit)  # type: ignore[no-any-return]
+
+    @property
+    def sync(self) -> Blocking[P, Out]:
+        """The blocking form, for synchronous code: ``f.sync(*args, **kwargs)`` blocks
+        until that call's output; ``f.sync.map(items)`` (a list) and
+        ``f.sync.imap(items)`` (pairs as they are ready) take many items, as
+        :meth:`map` does; ``f.sync.close()`` is :meth:`aclose`.
+
+        The calls of every thread are served by one background event loop per process,
+        where they coalesce. Where an event loop runs in the calling thread (an
+        ``async def``, a notebook cell) it raises ``RuntimeError``: ``await f(...)``.
+        """
+        return Blocking(self, self.map, self.aclose)
+
+    def map(
+        self,
+        items: Iterable[Any],
+        *,
+        concurrency: int | None = None,
+        ordered: bool = True,
+        return_exceptions: bool = True,
+        on_progress: OnProgress | None = None,
+        progress: ProgressOption = False,
+    ) -> MapCall[Out | Exception]:
+        """Call once per item: ``await f.map(items)`` is the list of outputs in input
+        order; ``async for index, output in f.map(items)`` yields them as they are ready.
+
+        Args:
+            items: Each item is the call's argument (for a function of one parameter),
+                or else a tuple of positional or a dict of keyword arguments.
+            concurrency: Most calls in flight at once (default: ``max_items`` times
+                ``max_concurrency``, or times 16 requests without ``max_concurrency``). Each
+                call starts when a slot frees, so its latency budget counts from there.
+            ordered: Iteration yields in input order (else as each call finishes).
+            return_exceptions: A failed call's exception stands in its place (default);
+                ``False``: the first failure is raised and the calls left are cancelled.
+            on_progress: ``on_progress(done, total)``, as each call finishes.
+            progress: ``True``: a progress bar on standard error when it is a terminal
+                (rich's if installed, else a plain line); ``"always"``: drawn anyway.
+
+        Raises:
+            ConfigurationError: ``concurrency`` or ``progress`` is invalid.
+        """
+        listed = list(items)
+        options = self._engine.options
+        if concurrency is None:
+            concurrency = default_concurrency(options.max_items, options.max_concurrency)
+        parameters = len(self._signature.parameters) - (self._instance is not _UNBOUND)
+        single = parameters == 1
+
+        async def call(index: int) -> Out:
+            args, kwargs = spread(listed[index], single=single)
+            return await self(*args, **kwargs)
+
+        return MapCall(
+            call,
+            len(listed),
+            concurrency=concurrency,
+            ordered=ordered,
+            return_exceptions=return_exceptions,
+            on_progress=on_progress,
+            progress=progress,
+            label=self._engine.spec.name,
+        )
 
     def _arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """The call's arguments by parameter name (without ``self`` on an instance),
@@ -223,20 +304,20 @@ def prompt(
     """Turn ``async def f(<item>) -> Out`` (docstring = instructions) into a coalescing call.
 
     Args:
-        client, model, instructions: An ``AsyncOpenAI``, ``AsyncAnthropic``, Provider or
-            async callable; the model; the shared instructions (default: the docstring).
-        max_wait, max_items, max_concurrency, latency_budget: Longest wait for company (0.05 s);
-            items per request (4); requests in flight (no limit); seconds a caller may wait.
-        partition, max_attempts, max_retries: ``partition(*args, **kwargs) -> key``; tries (4, 4).
-        max_output_tokens, stream, dedupe: Reply token cap; stream answers (True); share items.
-        expected_output_tokens, latency_prior, token_estimator, prices, on_event, timeout:
-            The planner's first assumptions; token counter; Price(s); event hook; attempt limit.
-        context_window, schema_enforced, packing: The model's window; whether replies follow
-            the schema; ``"auto"``: pack only where cheaper than plain calls, or ``"always"``.
-        lane, store, batch_window, batch_client: ``"auto"`` (by budget), ``"realtime"``,
+        client: (and ``model``, ``instructions``) An ``AsyncOpenAI``, ``AsyncAnthropic``,
+            Provider or async callable; the model; the instructions (default: docstring).
+        max_wait: (and ``max_items``, ``max_concurrency``, ``latency_budget``) Wait for
+            company (0.05 s); items per request (learned from 4); requests in flight; budget.
+        partition: (and ``max_attempts``, ``max_retries``) ``partition(*args, **kwargs)``; tries.
+        max_output_tokens: (and ``stream``, ``dedupe``) Reply token cap; stream; share items.
+        expected_output_tokens: (and ``latency_prior``, ``token_estimator``, ``prices``,
+            ``on_event``, ``timeout``) First assumptions; counter; prices; hook; attempt limit.
+        context_window: (and ``schema_enforced``, ``packing``) The window; schema held; pack
+            ``"auto"`` (only where cheaper than plain calls) or ``"always"``.
+        lane: (and ``store``, ``batch_window``, ``batch_client``) ``"auto"``, ``"realtime"``,
             ``"flex"``, ``"batch"``; job store path; deferred lanes' window (60 s), client.
-        shadow, min_agreement, agree, vote: Fraction of packed items also asked alone; agreement
-            under which the group cap comes down (0.9); ``agree(a, b)`` (``==``); ask in two orders.
+        shadow: (and ``min_agreement``, ``agree``, ``vote``) Share of packed items also asked
+            alone; agreement under which the cap comes down (0.9); ``agree(a, b)``; two orders.
         **request_options: Passed to the provider (``temperature=0``...); not misspellings.
 
     Raises ``ConfigurationError`` (bad option or function, bare decorator); see docs/prompt.md.

@@ -10,6 +10,14 @@ has waited ``max_wait`` (decisions in :mod:`coalesce._batching.policy`). Three p
 * :mod:`~coalesce._batching.dispatcher`, the batch's side: windows run as batches in
   background tasks, results go back by position, a timer closes each window when due.
 
+A batcher serves one event loop at a time, the first that calls it. A call made on
+another loop while that one runs (another thread's loop, the background loop of
+synchronous callers) is forwarded to it (:func:`route` decides, the runtime's
+:func:`~coalesce._batching.runtime.forward` carries it), so the calls of every loop
+share its windows; a batcher whose loop has ended moves to the next one that calls it,
+and one that has served several loops moves to the background loop
+(:mod:`~coalesce._batching.portal`), which lasts as long as the process.
+
 Its options are checked in :mod:`~coalesce._batching.options`. Two seams, no
 subclassing: a :class:`~coalesce._batching.policy.DispatchPolicy` decides, besides the
 batcher's own limits, when a window goes (the latency-budget planner is one), and a
@@ -19,10 +27,14 @@ before the whole batch returns (the streaming split does).
 
 from __future__ import annotations
 
+import enum
 import functools
+import threading
 from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from threading import get_ident
 from typing import Any, Generic, TypeVar
+
+import anyio
 
 from .._defaults import BATCH_MAX_ITEMS, BATCH_MAX_WAIT
 from .._exceptions import BatcherClosedError, QueueFull
@@ -42,18 +54,66 @@ from .policy import (
     before_add,
     validate_size,
 )
-from .runtime import Runtime, current_runtime, running_owner
+from .portal import background_runtime, in_background_thread
+from .runtime import LoopEnded, Runtime, current_runtime, forward, running_owner
 from .stats import BatcherStatistics
 from .window import Window, Windows
 
 # ``Resolve`` is the type of the callback an early-resolving batch function receives.
-__all__ = ["Batcher", "Resolve"]
+__all__ = ["Batcher", "Resolve", "Route", "route"]
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 #: Reasons a window goes at once even while released items are being placed.
 _AT_ONCE = (None, DispatchReason.FULL, DispatchReason.SIZE, DispatchReason.TOKENS)
+#: Seconds between looks at a loop that is ending with work of the batcher's left.
+_ENDING_POLL = 0.01
+#: Binding a batcher to a loop happens once at a time, whichever thread asks.
+_binding = threading.Lock()
+
+
+class Route(enum.Enum):
+    """Where a call made on the running loop is served (see :func:`route`)."""
+
+    HERE = "here"  # on the running loop (the batcher's, or it binds to it now)
+    HOME = "home"  # forwarded to the loop the batcher serves
+    BACKGROUND = "background"  # forwarded to the process's background loop
+    WAIT = "wait"  # the batcher's loop is ending with work left: ask again shortly
+
+
+def route(
+    *,
+    same_loop: bool,
+    bound: bool,
+    home_running: bool,
+    home_ending: bool,
+    idle: bool,
+    shared: bool,
+    may_bind: bool,
+) -> Route:
+    """Where a call made on the running loop is served (pure).
+
+    Args:
+        same_loop: The running loop is the one the batcher serves.
+        bound: The batcher serves a loop.
+        home_running: That loop still runs.
+        home_ending: That loop cancelled a call forwarded to it: it is shutting down.
+        idle: The batcher holds no item and runs no batch or timer.
+        shared: The batcher has served calls of more than one loop.
+        may_bind: The running loop is one a shared batcher may move to: the main
+            thread's, or the background loop.
+    """
+    if same_loop:
+        return Route.HERE
+    if bound and home_running:
+        if not home_ending:
+            return Route.HOME
+        if not idle:
+            return Route.WAIT
+    # Unbound, or its loop ended: a batcher used by one loop so far follows it; one
+    # shared by several settles where no loop's end can cut its work short.
+    return Route.HERE if may_bind or not shared else Route.BACKGROUND
 
 
 class Batcher(Generic[T, R]):
@@ -147,6 +207,7 @@ class Batcher(Generic[T, R]):
         # per item on the hot path, the totals are derived from the windows.
         self._withdrawn = 0
         self._cancelled = 0
+        self._shared = False  # served calls of more than one loop
         functools.update_wrapper(self, fn, updated=())
 
     # -- the caller's side ---------------------------------------------------
@@ -189,7 +250,9 @@ class Batcher(Generic[T, R]):
                 failed.set_exception(exc)
                 return failed  # type: ignore[no-any-return]
             return self._call_slowly(item)
-        rt = self._runtime()
+        rt = _bound_here(self)
+        if rt is None:  # served on another loop
+            return _on_its_loop(self, self, item)
         if rt.awaitable_waiters:
             return self(item)  # now bound to this loop: take the path above
         return self._call_slowly(item)
@@ -197,21 +260,23 @@ class Batcher(Generic[T, R]):
     async def _call_slowly(self, item: T) -> R:
         self._runtime()
         if self._max_pending is not None and self._queue.pending >= self._max_pending:
-            await self._wait_for_room()
+            await _wait_for_room(self)
         waiter = self._place(item, self._clock())
         return await self._rt.wait(waiter)  # type: ignore[union-attr,no-any-return]
 
     def submit_nowait(self, item: T) -> Awaitable[R]:
         """Submit one item now, without waiting for room; await the result later.
 
-        The item joins its window immediately. Await the returned object to get its
-        result.
+        The item joins its window immediately (from another loop than the batcher's:
+        when the result is awaited). Await the returned object to get its result.
 
         Raises:
             QueueFull: If ``max_pending`` items are already waiting.
             BatcherClosedError: If the batcher was closed.
         """
-        rt = self._runtime()
+        rt = _bound_here(self)
+        if rt is None:
+            return _on_its_loop(self, self, item)
         pending = self._queue.pending
         if self._max_pending is not None and pending >= self._max_pending:
             raise QueueFull(
@@ -282,32 +347,23 @@ class Batcher(Generic[T, R]):
         if self._queue.withdraw(waiter):
             self._withdrawn += 1
 
-    async def _wait_for_room(self) -> None:
-        assert self._max_pending is not None
-        self._runtime()
-        while self._queue.pending >= self._max_pending:
-            if self._closed:
-                raise BatcherClosedError(f"{self._name} is closed; no new calls are accepted")
-            await self._queue.wait_for_room()
+    async def run_on_its_loop(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+        """``await fn(*args)`` on the event loop this batcher serves: here if it serves
+        the running loop (or none yet, or its loop has ended), else forwarded to its
+        loop and awaited here. Cancelling the caller cancels it there.
+
+        The surfaces run a whole call so, making its job on the loop that answers it.
+        """
+        if self._rt is not None and self._rt.owner is running_owner():
+            return await fn(*args)  # the usual case, without a frame more
+        return await _on_its_loop(self, fn, *args)
 
     def _runtime(self) -> Runtime:
         rt = self._rt
         if rt is not None and rt.owner is running_owner():
             return rt
-        dispatcher = self._dispatcher
-        if self._windows or self._queue.pending or dispatcher.in_flight or dispatcher.timer_on:
-            raise RuntimeError(
-                f"{self._name} is serving calls in another event loop; a batcher serves one"
-                " event loop at a time (create one batcher per loop or thread)"
-            )
-        self._rt = dispatcher.rt = rt = current_runtime(self._on_cancel)
-        self._clock = rt.clock
-        self._new_waiter = rt.new_waiter
-        self._loop = getattr(rt, "loop", None)
-        if not isinstance(getattr(self._loop, "_thread_id", None), int):
-            self._loop = None  # not a stock asyncio loop: always take the full check
-        self._queue.room = dispatcher.drained = None
-        return rt
+        with _binding:
+            return _bind(self)
 
     # -- lifecycle and introspection ------------------------------------------
 
@@ -320,7 +376,9 @@ class Batcher(Generic[T, R]):
         self._closed = True
         if self._rt is None:
             return
-        self._runtime()
+        if _bound_here(self) is None:
+            await _on_its_loop(self, self.aclose)
+            return
         for held in list(self._queue.held.values()):
             self._dispatcher.release(held)  # closed: nothing is held again
         for window in list(self._windows.values()):
@@ -360,3 +418,104 @@ class Batcher(Generic[T, R]):
 
 def _no_clock() -> Any:  # pragma: no cover - replaced when a loop is bound
     raise RuntimeError("not bound to an event loop")
+
+
+def _bind(batcher: Batcher[Any, Any]) -> Runtime:
+    """Bind ``batcher`` to the running loop (what was left on a loop that ended is
+    abandoned)."""
+    dispatcher = batcher._dispatcher
+    if _route_of(batcher) is not Route.HERE:  # another thread's loop bound it just now
+        raise _Rerouted(f"{batcher._name} was just bound to another event loop; call again")
+    if not _idle(batcher):
+        _abandon(batcher)
+    batcher._rt = dispatcher.rt = rt = current_runtime(batcher._on_cancel)
+    batcher._clock = rt.clock
+    batcher._new_waiter = rt.new_waiter
+    loop = getattr(rt, "loop", None)
+    # Not a stock asyncio loop: the hot path always takes the full check.
+    batcher._loop = loop if isinstance(getattr(loop, "_thread_id", None), int) else None
+    batcher._queue.room = dispatcher.drained = None
+    return rt
+
+
+async def _wait_for_room(batcher: Batcher[Any, Any]) -> None:
+    assert batcher._max_pending is not None
+    batcher._runtime()
+    while batcher._queue.pending >= batcher._max_pending:
+        if batcher._closed:
+            raise BatcherClosedError(f"{batcher._name} is closed; no new calls are accepted")
+        await batcher._queue.wait_for_room()
+
+
+class _Rerouted(RuntimeError):
+    """Binding lost a race: another thread's loop bound the batcher first."""
+
+
+def _bound_here(batcher: Batcher[Any, Any]) -> Runtime | None:
+    """The runtime of the running loop, ``batcher`` bound to it if need be; ``None`` if
+    a call made now is served on another loop (:func:`route`)."""
+    if _route_of(batcher) is not Route.HERE:
+        return None
+    try:
+        return batcher._runtime()
+    except _Rerouted:
+        return None
+
+
+def _idle(batcher: Batcher[Any, Any]) -> bool:
+    """Whether ``batcher`` holds no item and runs no batch or timer."""
+    dispatcher = batcher._dispatcher
+    queue = batcher._queue
+    return not (queue.open or queue.pending or dispatcher.in_flight or dispatcher.timer_on)
+
+
+def _abandon(batcher: Batcher[Any, Any]) -> None:
+    """The loop ``batcher`` served ended with items and batches left: their callers
+    ended with it, and that loop will never run them. Counted as withdrawn."""
+    queue, dispatcher = batcher._queue, batcher._dispatcher
+    batcher._withdrawn += queue.pending
+    queue.open.clear()
+    queue.ready.clear()
+    queue.held.clear()
+    dispatcher.in_flight = 0
+    dispatcher.timer_on = False
+    dispatcher.timer_scope = None
+
+
+def _route_of(batcher: Batcher[Any, Any]) -> Route:
+    """Where a call made now on the running loop is served (see :func:`route`)."""
+    rt = batcher._rt
+    owner = running_owner()
+    if rt is not None and rt.owner is owner:
+        return Route.HERE
+    return route(
+        same_loop=False,
+        bound=rt is not None,
+        home_running=rt is not None and rt.running(),
+        home_ending=rt is not None and rt.ending,
+        idle=_idle(batcher),
+        shared=batcher._shared,
+        may_bind=owner is None
+        or threading.current_thread() is threading.main_thread()
+        or in_background_thread(),
+    )
+
+
+async def _on_its_loop(
+    batcher: Batcher[Any, Any], fn: Callable[..., Awaitable[Any]], *args: Any
+) -> Any:
+    """``await fn(*args)`` where :func:`route` says, again if that loop ends first."""
+    while True:
+        where = _route_of(batcher)
+        if where is Route.HERE:
+            return await fn(*args)
+        if where is Route.WAIT:
+            await anyio.sleep(_ENDING_POLL)
+            continue
+        batcher._shared = True
+        target = batcher._rt if where is Route.HOME else background_runtime()
+        assert target is not None
+        try:
+            return await forward(target, fn, *args)
+        except LoopEnded:
+            continue  # it ended under the call: served again where the next route says

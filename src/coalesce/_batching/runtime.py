@@ -11,21 +11,49 @@ cancelled with, one of its callers.
 
 Time is read from the running loop's clock, the same clock ``anyio.current_time()``
 reads, so virtual clocks (trio's ``MockClock``, ``looptime``) drive every window.
+
+A batcher serves one loop at a time; a call made on another loop (another thread's,
+or the background loop that serves synchronous callers) is *forwarded*
+(:func:`forward`): it runs as a task of the batcher's loop, and its caller awaits the
+outcome on its own loop. Cancelling the caller cancels that task, which withdraws its
+item.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections.abc
+import contextlib
+import contextvars
 import functools
+import os
 import sys
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Generic, TypeVar
+
+import anyio
 
 R = TypeVar("R")
 
-__all__ = ["AsyncioCall", "AsyncioRuntime", "Runtime", "TrioRuntime", "current_runtime"]
+__all__ = [
+    "CARRIED",
+    "AsyncioCall",
+    "AsyncioRuntime",
+    "LoopEnded",
+    "Runtime",
+    "TrioRuntime",
+    "carried_context",
+    "current_runtime",
+    "forward",
+    "running_owner",
+    "set_context",
+    "spawn_task",
+]
+
+
+class LoopEnded(RuntimeError):
+    """The loop a call was forwarded to ended (or cancelled it) before answering it."""
 
 
 class Runtime:
@@ -39,6 +67,21 @@ class Runtime:
     cancelled: type[BaseException]
     #: Whether a waiter is itself awaitable by the caller (asyncio's futures are).
     awaitable_waiters: bool = False
+    #: Set when the loop cancelled a call forwarded to it: it is shutting down.
+    ending: bool = False
+
+    def call_soon_threadsafe(self, fn: Callable[..., object], *args: Any) -> None:
+        """Run ``fn(*args)`` in the loop's thread soon; callable from any thread.
+
+        Raises:
+            RuntimeError: The loop has ended (asyncio's "Event loop is closed", trio's
+                ``RunFinishedError``).
+        """
+        raise NotImplementedError
+
+    def running(self) -> bool:
+        """Whether the loop still runs, so that a call forwarded to it is served."""
+        raise NotImplementedError
 
     def new_waiter(self) -> Any:
         """A fresh waiter, to be resolved exactly once by :meth:`resolve`/:meth:`fail`."""
@@ -138,6 +181,16 @@ class AsyncioRuntime(Runtime):
         self.new_waiter = functools.partial(call_class, loop=loop)  # type: ignore[method-assign]
         # The loop keeps only weak references to tasks; keep them alive until done.
         self._tasks: set[asyncio.Task[None]] = set()
+        self._pid = os.getpid()  # a forked child has the loop's memory, not its thread
+
+    def call_soon_threadsafe(self, fn: Callable[..., object], *args: Any) -> None:
+        # In a context of its own: the calling thread's (its loop's sniffio and anyio
+        # variables) must not leak into the tasks the callback spawns.
+        self._loop.call_soon_threadsafe(fn, *args, context=contextvars.Context())
+
+    def running(self) -> bool:
+        loop = self._loop
+        return loop.is_running() and not loop.is_closed() and os.getpid() == self._pid
 
     def resolve(self, waiter: AsyncioCall, value: Any) -> bool:
         if waiter.done():
@@ -194,9 +247,17 @@ class TrioRuntime(Runtime):
 
         self._value = outcome.Value
         self._error = outcome.Error
-        self.owner = trio_module.lowlevel.current_trio_token()
+        self.owner = token = trio_module.lowlevel.current_trio_token()
         self.clock = trio_module.current_time
         self.cancelled = trio_module.Cancelled
+        self.call_soon_threadsafe = token.run_sync_soon  # type: ignore[method-assign]
+
+    def running(self) -> bool:
+        try:
+            self.call_soon_threadsafe(_nothing)  # refused once the run has finished
+        except RuntimeError:
+            return False
+        return True
 
     def new_waiter(self) -> _TrioWaiter[Any]:
         return _TrioWaiter()
@@ -263,6 +324,28 @@ def current_runtime(on_cancel: Callable[[Any], None]) -> Runtime:
     )
 
 
+def spawn_task(fn: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None:
+    """Run ``fn(*args)`` as a background task of the running loop, in a copy of the
+    current context: an asyncio task (kept alive until done), or a trio system task.
+
+    Raises:
+        RuntimeError: If no asyncio or trio event loop is running in this thread.
+    """
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        task = loop.create_task(fn(*args))
+        _background_tasks.add(task)
+        task.add_done_callback(_background_tasks.discard)
+        return
+    if running_owner() is None:
+        raise RuntimeError("coalesce needs a running asyncio or trio event loop")
+    trio_module: Any = sys.modules["trio"]
+    trio_module.lowlevel.spawn_system_task(fn, *args, context=contextvars.copy_context())
+
+
+_background_tasks: set[asyncio.Task[None]] = set()
+
+
 def running_owner() -> object | None:
     """Identity of the running loop without building a runtime (fast path)."""
     loop = asyncio._get_running_loop()
@@ -276,3 +359,110 @@ def running_owner() -> object | None:
             return None
         return token
     return None
+
+
+def _nothing() -> None:
+    pass
+
+
+def _loop_waker() -> Callable[[Callable[[], object]], object]:
+    """The running loop's ``call_soon_threadsafe`` (trio: its token's ``run_sync_soon``)."""
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        return loop.call_soon_threadsafe
+    token: Any = running_owner()
+    if token is None:
+        raise RuntimeError("coalesce needs a running asyncio or trio event loop")
+    return token.run_sync_soon  # type: ignore[no-any-return]
+
+
+#: The context variables that follow a call to another loop (the latency budget's block,
+#: registered by the surfaces). Only these: a loop's own variables (sniffio's, anyio's)
+#: must not cross.
+CARRIED: list[contextvars.ContextVar[Any]] = []
+
+
+def carried_context() -> list[tuple[contextvars.ContextVar[Any], Any]]:
+    """The values of :data:`CARRIED` set in the running context."""
+    context = contextvars.copy_context()
+    return [(variable, context[variable]) for variable in CARRIED if variable in context]
+
+
+def set_context(values: list[tuple[contextvars.ContextVar[Any], Any]]) -> None:
+    """Set ``values`` (from :func:`carried_context`) in the running context."""
+    for variable, value in values:
+        variable.set(value)
+
+
+class _Forwarded:
+    """A call forwarded to another loop: what both loops share (written by one at a time)."""
+
+    __slots__ = ("context", "error", "scope", "stop", "value")
+
+    def __init__(self) -> None:
+        self.context = carried_context()
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.scope: anyio.CancelScope | None = None
+        self.stop = False  # its caller left
+
+    def cancel(self) -> None:
+        """In the target loop: its caller left, so the call is cancelled there."""
+        self.stop = True
+        if self.scope is not None:
+            self.scope.cancel()
+
+
+async def _serve(
+    target: Runtime, call: _Forwarded, fn: Callable[..., Awaitable[Any]], args: Any, done: Any
+) -> None:
+    """The forwarded call, as a task of the target loop: the caller's :data:`CARRIED`
+    context variables set, its outcome kept, its caller woken."""
+    set_context(call.context)
+    try:
+        with anyio.CancelScope() as scope:
+            call.scope = scope
+            if call.stop:
+                scope.cancel()
+            call.value = await fn(*args)
+    except Exception as exc:
+        call.error = exc
+    except BaseException as exc:  # the loop is cancelling its tasks: it is ending
+        call.error = exc
+        target.ending = True
+        raise
+    finally:
+        with contextlib.suppress(RuntimeError):  # the caller's loop has ended
+            done()
+
+
+async def forward(target: Runtime, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+    """``await fn(*args)`` as a task of ``target``'s loop, from the running loop (in
+    another thread); its result or exception is the caller's. Cancelling the caller
+    cancels that task (which withdraws a batcher's item not yet dispatched).
+
+    Raises:
+        LoopEnded: ``target``'s loop ended, or cancelled the task, before it finished.
+    """
+    wake = _loop_waker()
+    finished = anyio.Event()
+    call = _Forwarded()
+    try:
+        target.call_soon_threadsafe(
+            target.spawn, _serve, target, call, fn, args, functools.partial(wake, finished.set)
+        )
+    except RuntimeError as exc:
+        target.ending = True
+        raise LoopEnded(str(exc)) from exc
+    try:
+        await finished.wait()
+    except BaseException:
+        call.stop = True
+        with contextlib.suppress(RuntimeError):
+            target.call_soon_threadsafe(call.cancel)
+        raise
+    if call.error is None:
+        return call.value
+    if isinstance(call.error, Exception):
+        raise call.error
+    raise LoopEnded("the event loop the call was forwarded to ended before answering it")

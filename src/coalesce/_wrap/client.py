@@ -47,13 +47,14 @@ from ..providers import AnthropicProvider, OpenAIProvider, Provider
 from ..providers._client import as_provider, retries_for
 from .call import SdkCall, given_arguments
 from .credentials import credentials_key
-from .engines import Engines
+from .engines import Answered, Engines
 from .headers import CallHeaders, coalesce_headers
 from .partition import Partition, PartitionFunction, partition_function, partition_key
 from .proxy import Replace, coalesced_copy, replace_methods
 from .raw import call_limit, raw_mode, raw_response, timeout_error
 from .registry import TRANSLATORS, Endpoint, endpoint_of
-from .translator import Answer, Translator
+from .sync_client import async_twin, sync_coalesced
+from .translator import Translator
 
 __all__ = ["CoalescedClient", "wrap"]
 
@@ -164,6 +165,7 @@ class CoalescedClient:
             parsed=path.endswith(".parse"),
             waited=anyio.current_time() - start,
             reply_id=answer.share.reply.get("id"),
+            group_size=answer.company,
         )
 
     def _read(
@@ -189,7 +191,7 @@ class CoalescedClient:
         limit = call_limit(given, call.timeout, getattr(self, "timeout", None))
         return _Call(translator, endpoint, given, call, headers, limit)
 
-    async def _answer(self, read: _Call, key: Any) -> Answer:
+    async def _answer(self, read: _Call, key: Any) -> Answered:
         """The engine's answer to ``read``, within the caller's own time limit."""
         with anyio.move_on_after(read.limit):
             try:
@@ -283,7 +285,8 @@ def _kind(client: Any) -> tuple[Provider, str]:
     if isinstance(base, (OpenAIProvider, AnthropicProvider)):
         return base, "openai" if isinstance(base, OpenAIProvider) else "anthropic"
     raise ConfigurationError(
-        f"coalesce.wrap takes an openai.AsyncOpenAI or an anthropic.AsyncAnthropic, got {client!r}"
+        "coalesce.wrap takes an openai.AsyncOpenAI or OpenAI, or an anthropic.AsyncAnthropic"
+        f" or Anthropic client, got {client!r}"
     )
 
 
@@ -340,39 +343,46 @@ def wrap(
 ) -> C:
     """Wrap an ``openai.AsyncOpenAI`` or ``anthropic.AsyncAnthropic`` so compatible calls coalesce.
 
-    The result is an instance of the client's class and of :class:`CoalescedClient`.
+    The result is an instance of the client's class and of :class:`CoalescedClient`; a
+    sync ``OpenAI``/``Anthropic`` client's calls block, served on one background loop.
 
     Args:
         client: The SDK client. (``max_wait``: longest wait for company, 0.05 s.)
-        max_items: Most items per request (default 4).
+        max_items: Most items per request (default: learned from 4; given, it pins the cap).
         max_concurrency: Most coalesced requests in flight at once (default: no limit).
         latency_budget: Seconds a coalesced call may wait end to end (default: none).
         partition: ``partition(**kwargs) -> key``, called with each coalesced call's
-            keyword arguments: calls with different keys never share a prompt (see
-            ``docs/isolation.md``; ``partition(kwargs)``, one mapping, is deprecated).
+            keyword arguments: calls with different keys never share a prompt.
         max_attempts: (and ``max_retries``) Requests that may carry one item, re-asks included
             (default 4); retries of a failed request (default: the client's).
         max_output_tokens: Cap on a packed reply's tokens (default: each call's own cap
             times ``max_items``, or the provider's default).
-        timeout: Longest one request attempt may run, in s (default: the budget, or 60).
-        context_window: The model's context window in tokens (default: known, or learned).
-        schema_enforced: Whether the provider holds every reply to the reply schema
-            (default: as the provider declares); if not, streamed answers are held
-            until the reply can no longer contradict them.
+        timeout: (and ``context_window``) Longest attempt, s (the budget, or 60); the window.
+        schema_enforced: Whether replies always follow the schema (default: as declared).
         packing: ``"auto"`` coalesces a kind of call only where a packed request costs
-            less than plain calls (otherwise the calls pass through to the client,
-            unchanged); ``"always"`` packs every group of two or more.
+            less than plain calls (else they pass through); ``"always"`` packs groups of 2+.
         latency_prior: (and ``prices``) What the planner assumes of the provider before measuring
             it; prices for the statistics' cost estimates (see :func:`~coalesce.price_for`).
         on_event: Called with each call, request, dispatch and retry event.
-        shadow: (and ``min_agreement``, ``agree``) Fraction of packed items also asked alone (0); the
-            agreement under which the group cap comes down (0.9); ``agree(a, b)`` (``==``).
+        shadow: (and ``min_agreement``, ``agree``) Fraction of packed items also asked alone
+            (0.01 where the cap is learned); the agreement under which the cap comes down
+            (0.9); ``agree(a, b)`` (``==``).
 
     Raises:
-        ConfigurationError: ``client`` is not an async OpenAI or Anthropic client (or is
-            already wrapped), ``partition`` is not callable, or an option is out of range.
+        ConfigurationError: ``client`` is not an OpenAI or Anthropic client (or is already
+            wrapped), ``partition`` is not callable, or an option is out of range.
     """
+    twin = async_twin(client)
+    if twin is not None:  # a blocking openai.OpenAI / anthropic.Anthropic
+        return cast(C, _blocking(dict(locals())))
     provider, kind = _kind(client)
     options = _options(client, locals())
     by = Wrapping(kind, client, partition_function(partition), credentials_key(client))
     return cast(C, _coalesced(client, Engines(provider, options), by))
+
+
+def _blocking(given: dict[str, Any]) -> Any:
+    """``wrap()`` of a synchronous SDK client: its async twin wrapped with the same
+    options, the calls of every thread served on the process's background loop."""
+    client, twin = given.pop("client"), given.pop("twin")
+    return sync_coalesced(client, wrap(twin, **given))
