@@ -20,6 +20,7 @@ __all__ = [
     "MAX_RETRIES",
     "MIN_AGREEMENT",
     "PACKING",
+    "POLL_INTERVAL",
     "PROMPT_MAX_ITEMS",
     "PROMPT_MAX_WAIT",
     "REQUEST_TIMEOUT",
@@ -87,6 +88,9 @@ LANE: Final = "auto"
 #: Seconds a deferred (batch or flex lane) call waits for others: a minute of calls
 #: shares one job, and a minute is nothing next to a batch job's 24 h window.
 BATCH_WINDOW = 60.0
+#: The longest wait, in seconds, between two polls of a batch-lane job (polls start at
+#: 5 s and grow by half each time up to it).
+POLL_INTERVAL = 60.0
 
 
 class LearningRate(float):

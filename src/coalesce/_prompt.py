@@ -295,6 +295,7 @@ def prompt(
     store: Any = None,
     batch_window: float = _defaults.BATCH_WINDOW,
     batch_client: Any = None,
+    poll_interval: float = _defaults.POLL_INTERVAL,
     shadow: float = _defaults.SHADOW,
     min_agreement: float = _defaults.MIN_AGREEMENT,
     agree: Callable[[Any, Any], bool] | None = None,
@@ -309,13 +310,12 @@ def prompt(
         max_wait: (and ``max_items``, ``max_concurrency``, ``latency_budget``) Wait for
             company (0.05 s); items per request (learned from 4); requests in flight; budget.
         partition: (and ``max_attempts``, ``max_retries``) ``partition(*args, **kwargs)``; tries.
-        max_output_tokens: (and ``stream``, ``dedupe``) Reply token cap; stream; share items.
-        expected_output_tokens: (and ``latency_prior``, ``token_estimator``, ``prices``,
-            ``on_event``, ``timeout``) First assumptions; counter; prices; hook; attempt limit.
+        max_output_tokens: (and ``stream``, ``dedupe``, ``expected_output_tokens``,
+            ``latency_prior``, ``token_estimator``, ``prices``, ``on_event``, ``timeout``).
         context_window: (and ``schema_enforced``, ``packing``) The window; schema held; pack
             ``"auto"`` (only where cheaper than plain calls) or ``"always"``.
-        lane: (and ``store``, ``batch_window``, ``batch_client``) ``"auto"``, ``"realtime"``,
-            ``"flex"``, ``"batch"``; job store path; deferred lanes' window (60 s), client.
+        lane: (and ``store``, ``batch_window``, ``batch_client``, ``poll_interval``) The
+            lane (``"auto"``...); job store; deferred window (60 s), client; polls (60 s).
         shadow: (and ``min_agreement``, ``agree``, ``vote``) Share of packed items also asked
             alone; agreement under which the cap comes down (0.9); ``agree(a, b)``; two orders.
         **request_options: Passed to the provider (``temperature=0``...); not misspellings.

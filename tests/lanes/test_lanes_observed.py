@@ -9,7 +9,6 @@ import itertools
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -174,7 +173,7 @@ async def test_poll_interval_is_the_longest_wait_between_two_polls(
 
 
 def test_poll_interval_comes_from_the_functions_options_with_a_default() -> None:
-    assert _poll_interval(SimpleNamespace(poll_interval=20)) == 20.0
-    assert _poll_interval(SimpleNamespace(poll_interval=None)) == POLL_INTERVAL
-    assert _poll_interval(Options()) == getattr(Options(), "poll_interval", POLL_INTERVAL)
-    assert POLL_INTERVAL == 60.0
+    assert _poll_interval(Options(poll_interval=20)) == 20.0
+    assert _poll_interval(Options()) == POLL_INTERVAL == 60.0
+    with pytest.raises(coalesce.ConfigurationError, match="poll_interval"):
+        Options(poll_interval=0)

@@ -20,6 +20,7 @@ from .._defaults import (
     MAX_RETRIES,
     MIN_AGREEMENT,
     PACKING,
+    POLL_INTERVAL,
     PROMPT_MAX_ITEMS,
     PROMPT_MAX_WAIT,
     SHADOW,
@@ -133,6 +134,8 @@ class Options:
         batch_window: Seconds a batch-lane call waits for others before their job goes.
         batch_client: The client of the deferred lanes (batch, flex), for example with an
             API key of its own; ``None``: the function's client.
+        poll_interval: The longest wait, in seconds, between two polls of a batch-lane
+            job (polls start at 5 s and grow by half each time).
         shadow: Fraction of the packed items also asked alone, to check that packing
             keeps the answers (see :mod:`coalesce._accuracy.shadow`); 0: none.
         min_agreement: Agreement between packed and plain answers under which a group
@@ -166,6 +169,7 @@ class Options:
     store: Any = None
     batch_window: float = BATCH_WINDOW
     batch_client: Any = None
+    poll_interval: float = POLL_INTERVAL
     shadow: float = SHADOW
     min_agreement: float = MIN_AGREEMENT
     agree: Callable[[Any, Any], bool] | None = None
@@ -184,6 +188,7 @@ class Options:
         check_seconds("timeout", self.timeout, positive=True, optional=True)
         check_int("context_window", self.context_window, optional=True)
         check_seconds("batch_window", self.batch_window)
+        check_seconds("poll_interval", self.poll_interval, positive=True)
         check_callable("agree", self.agree)
         for name in ("shadow", "min_agreement"):
             value = getattr(self, name)

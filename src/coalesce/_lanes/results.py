@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import anyio
 
+from .. import _defaults
 from .._observe.events import logger
 from .._wire.outcomes import Split
 from .._wire.packing import make_ids, split_reply
@@ -48,7 +49,7 @@ _PLAIN_MARKS = {"-pt": "text", "-pw": "wrapped", "-po": "object"}
 
 #: The longest wait, in seconds, between two polls of a batch (``poll_interval=``, and
 #: ``coalesce jobs --poll``).
-POLL_INTERVAL = 60.0
+POLL_INTERVAL = _defaults.POLL_INTERVAL
 
 #: The first wait between two polls, when the longest allows it.
 _FIRST_POLL = 5.0

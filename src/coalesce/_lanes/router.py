@@ -26,14 +26,14 @@ import anyio
 
 from .._calls import Carried, Job
 from .._engine.engine import Engine
-from .._engine.spec import FunctionSpec
+from .._engine.spec import FunctionSpec, Options
 from .._exceptions import ConfigurationError
 from .._observe.listeners import StatisticsListener
 from ..providers._client import as_provider
 from .choose import Lane, LaneTimes, check_lane, choose_lane, flex_again
 from .flex import FLEX_TIMEOUT, FlexProvider, flex_backoff, flex_refused, flex_unsupported
 from .lane import BatchLane
-from .results import POLL_INTERVAL, Poll
+from .results import Poll
 from .store import JobStore
 
 __all__ = ["LaneRouter", "offered_lanes"]
@@ -167,11 +167,9 @@ def _budget(deadline: float) -> float | None:
     return deadline - anyio.current_time() if math.isfinite(deadline) else None
 
 
-def _poll_interval(options: Any) -> float:
-    """The longest wait between two polls of a batch: ``poll_interval=``, where the
-    function's options have it, else :data:`~coalesce._lanes.results.POLL_INTERVAL`."""
-    interval = getattr(options, "poll_interval", None)
-    return POLL_INTERVAL if interval is None else float(interval)
+def _poll_interval(options: Options) -> float:
+    """The longest wait between two polls of a batch (``poll_interval=``)."""
+    return float(options.poll_interval)
 
 
 def _deferred(spec: FunctionSpec, client: Any) -> FunctionSpec:

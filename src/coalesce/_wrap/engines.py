@@ -15,7 +15,9 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .._defaults import LEARNED_CAP_CEILING
 from .._engine.engine import Engine
+from .._engine.parts import learns
 from .._engine.spec import FunctionSpec, Options
 from .._observe.listeners import UsageShares
 from .._observe.recorder import PromptRecorder, PromptStatistics
@@ -103,7 +105,9 @@ class Engines:
         return engine
 
     def _options_for(self, call: SdkCall) -> Options:
-        cap = None if call.item_cap is None else call.item_cap * self._options.max_items
+        # The largest group this engine may form: the learning's ceiling while it learns.
+        most = LEARNED_CAP_CEILING if learns(self._options) else self._options.max_items
+        cap = None if call.item_cap is None else call.item_cap * most
         if self._options.max_output_tokens is not None:
             cap = (
                 self._options.max_output_tokens
