@@ -71,6 +71,7 @@ class Job:
         plan: Its token estimates and deadline (the planner's when a budget is
             planned, else admission's), or ``None``.
         progress: What the group runner has done with it so far.
+        alone: It must not share a request (the screen found it reads like instructions).
     """
 
     item: Any
@@ -81,6 +82,7 @@ class Job:
     partition: Hashable = None
     plan: PlanItem | None = None
     progress: Progress = field(default_factory=Progress)
+    alone: bool = False
 
     @property
     def attempts(self) -> int:

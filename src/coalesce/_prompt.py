@@ -300,10 +300,10 @@ def prompt(
     min_agreement: float = _defaults.MIN_AGREEMENT,
     agree: Callable[[Any, Any], bool] | None = None,
     vote: bool = False,
+    screen: bool | Callable[[Any], bool] = True,
     **request_options: Any,
 ) -> Callable[[Callable[P, Awaitable[Out]]], PromptFunction[P, Out]]:
     """Turn ``async def f(<item>) -> Out`` (docstring = instructions) into a coalescing call.
-
     Args:
         client: (and ``model``, ``instructions``) An ``AsyncOpenAI``, ``AsyncAnthropic``,
             Provider or async callable; the model; the instructions (default: docstring).
@@ -316,8 +316,8 @@ def prompt(
             ``"auto"`` (only where cheaper than plain calls) or ``"always"``.
         lane: (and ``store``, ``batch_window``, ``batch_client``, ``poll_interval``) The
             lane (``"auto"``...); job store; deferred window (60 s), client; polls (60 s).
-        shadow: (and ``min_agreement``, ``agree``, ``vote``) Share of packed items also asked
-            alone; agreement under which the cap comes down (0.9); ``agree(a, b)``; two orders.
+        shadow: (and ``min_agreement``, ``agree``, ``vote``, ``screen``) Packed items also asked
+            alone; the cap's agreement (0.9); ``agree(a, b)``; two orders; items sent alone.
         **request_options: Passed to the provider (``temperature=0``...); not misspellings.
 
     Raises ``ConfigurationError`` (bad option or function, bare decorator); see docs/prompt.md.

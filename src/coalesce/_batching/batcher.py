@@ -73,6 +73,10 @@ _ENDING_POLL = 0.01
 _binding = threading.Lock()
 
 
+#: What a policy answers to send an item alone, at once.
+_ALONE = frozenset({DispatchReason.SOLO, DispatchReason.PROBE, DispatchReason.SCREENED})
+
+
 class Route(enum.Enum):
     """Where a call made on the running loop is served (see :func:`route`)."""
 
@@ -313,7 +317,7 @@ class Batcher(Generic[T, R]):
             if isinstance(answer, Hold) and answer.until > now and not self._closed:
                 self._dispatcher.hold(key, item, waiter, arrival, answer.until)
                 return waiter
-            if answer is DispatchReason.SOLO or answer is DispatchReason.PROBE:
+            if answer in _ALONE:
                 self._dispatcher.dispatch_solo(item, waiter, arrival, answer)
                 return waiter
             if isinstance(answer, DispatchReason) and window is not None:

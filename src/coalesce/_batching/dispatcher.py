@@ -89,7 +89,7 @@ class Dispatcher:
 
     def dispatch_solo(self, item: Any, waiter: Any, arrival: float, reason: DispatchReason) -> None:
         """Run ``item``, arrived at ``arrival``, alone at once, in a window of its own (a
-        policy said ``SOLO`` or ``PROBE``)."""
+        policy said ``SOLO``, ``PROBE`` or ``SCREENED``)."""
         window = Window(SOLO, arrival, arrival)
         window.add(item, waiter, arrival)
         self.dispatch(window, reason)

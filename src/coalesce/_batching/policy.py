@@ -61,6 +61,9 @@ class DispatchReason(str, enum.Enum):
     #: Sent alone at once, so that what its batch teaches the policy sizes the items it
     #: holds meanwhile (a cold function's first call under a ``latency_budget``).
     PROBE = "probe"
+    #: Sent alone at once because the item reads like instructions to the model (the
+    #: ``screen=`` of :mod:`coalesce._wire.screen`): it must not share a prompt.
+    SCREENED = "screened"
 
     def __str__(self) -> str:
         return self.value

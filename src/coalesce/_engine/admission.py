@@ -206,9 +206,11 @@ class ContextPolicy:
     def before_add(
         self, members: Sequence[Job], item: Job, now: float
     ) -> DispatchReason | Hold | None:
-        """``FULL`` if the window holds the cap already; ``TOKENS`` if ``item`` would not
+        """``SCREENED`` for an item that must go alone; ``FULL`` if the window holds the cap; ``TOKENS`` if ``item`` would not
         fit with ``members`` (``SOLO`` if ``inner`` sends it alone anyway); else
         ``inner``'s answer (a cold start's ``PROBE`` or :class:`Hold` too)."""
+        if item.alone:
+            return DispatchReason.SCREENED
         inner = self.inner
         if members and self.cap is not None and len(members) >= self.cap():
             return DispatchReason.FULL

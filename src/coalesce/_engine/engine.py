@@ -62,7 +62,7 @@ class Engine:
         )
         self.parts = parts = assemble(spec, options, self.recorder, observers, lane)
         self.footprint, self.planning = parts.footprint, parts.planning
-        self.admission = parts.admission
+        self.admission, self.screen = parts.admission, parts.screen
         self.trust, self.cost, self.shadow = parts.trust, parts.cost, parts.shadow
         self.batcher: Batcher[Job, Any] = Batcher(
             self._run,
@@ -107,7 +107,8 @@ class Engine:
         except InvalidInputError:
             self.recorder.call_finished(0.0, budget=budget, ok=False)  # refused at once
             raise
-        return Job(item, key, deadline, arrival=now, budget=budget, partition=partition, plan=plan)
+        alone = self.screen is not None and self.screen(item)
+        return Job(item, key, deadline, now, budget, partition, plan, alone=alone)
 
     def budget_of(self, budget: float | None) -> float | None:
         """A call's budget: its own, else the :func:`~coalesce.latency_budget` block's,

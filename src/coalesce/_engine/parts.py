@@ -45,6 +45,7 @@ from .._planning.state import Planning
 from .._planning.tokens import TokenEstimator, estimator_for
 from .._pricing import PromptCache, price_of
 from .._validate import warn_caller
+from .._wire.screen import Screen, checked_screen, screen_of
 from .admission import Admission, ContextPolicy, admission_for
 from .group import Group, packs, run_group, run_plain
 from .spec import FunctionSpec, Options, keyed_replies
@@ -77,6 +78,7 @@ class Parts:
     statistics: StatisticsListener
     dispatch: DispatchListener
     max_items: int  # the most items a request may ever carry (the cap's limit)
+    screen: Screen | None = None  # whether a call must go alone (``screen=``)
 
     def in_time(self, job: Job, left: float) -> bool:
         """Whether real time may still answer ``job`` with ``left`` seconds (as the
@@ -155,6 +157,7 @@ def assemble(
         partial(run_group, group), policy, statistics, dispatch, options.max_items,
     )  # fmt: skip
     parts.runner = _runner(parts, group, options, vote_costs, positions)
+    parts.screen = checked_screen(spec.name, screen_of(options.screen))
     recorder.part(PackingCosts, PackingCosts).costs.append(cost)
     return parts
 

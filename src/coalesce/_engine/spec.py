@@ -136,6 +136,10 @@ class Options:
             API key of its own; ``None``: the function's client.
         poll_interval: The longest wait, in seconds, between two polls of a batch-lane
             job (polls start at 5 s and grow by half each time).
+        screen: Whether a call whose item reads like instructions to the model goes
+            alone instead of sharing a prompt: ``True`` (the default rule,
+            :func:`coalesce._wire.screen.looks_like_instructions`), ``False``, or the
+            user's own ``screen(item) -> bool``.
         shadow: Fraction of the packed items also asked alone, to check that packing
             keeps the answers (see :mod:`coalesce._accuracy.shadow`); 0: none.
         min_agreement: Agreement between packed and plain answers under which a group
@@ -170,6 +174,7 @@ class Options:
     batch_window: float = BATCH_WINDOW
     batch_client: Any = None
     poll_interval: float = POLL_INTERVAL
+    screen: bool | Callable[[Any], bool] = True
     shadow: float = SHADOW
     min_agreement: float = MIN_AGREEMENT
     agree: Callable[[Any, Any], bool] | None = None
@@ -189,6 +194,8 @@ class Options:
         check_int("context_window", self.context_window, optional=True)
         check_seconds("batch_window", self.batch_window)
         check_seconds("poll_interval", self.poll_interval, positive=True)
+        if not isinstance(self.screen, bool):
+            check_callable("screen", self.screen)
         check_callable("agree", self.agree)
         for name in ("shadow", "min_agreement"):
             value = getattr(self, name)

@@ -31,7 +31,16 @@ import unicodedata
 from collections.abc import Callable, Iterator
 from typing import Any, TypeAlias
 
-__all__ = ["Screen", "any_of", "item_texts", "looks_like_instructions", "screen_of"]
+from .._exceptions import ConfigurationError
+
+__all__ = [
+    "Screen",
+    "any_of",
+    "checked_screen",
+    "item_texts",
+    "looks_like_instructions",
+    "screen_of",
+]
 
 Screen: TypeAlias = Callable[[Any], bool]
 """Whether an item must be sent alone: called with the item as the caller passed it."""
@@ -181,3 +190,29 @@ def screen_of(option: bool | Screen | None) -> Screen | None:
     if option is False or option is None:
         return None
     return option
+
+
+def checked_screen(name: str, screen: Screen | None) -> Screen | None:
+    """``screen`` as a function's engine calls it: a screen that raises fails only the
+    call it was asked about, with a :class:`~coalesce.ConfigurationError` naming the
+    function and the screen (its exception as ``__cause__``).
+
+    Args:
+        name: The function's name, for the message.
+        screen: The screen, or ``None`` (none).
+    """
+    if screen is None:
+        return None
+
+    def check(item: Any) -> bool:
+        try:
+            return bool(screen(item))
+        except Exception as exc:
+            what = getattr(screen, "__qualname__", repr(screen))
+            raise ConfigurationError(
+                f"{name}: the screen= function {what} raised {type(exc).__name__}: {exc};"
+                " nothing was sent. A screen takes one item and returns whether it must be"
+                " sent alone"
+            ) from exc
+
+    return check

@@ -291,6 +291,7 @@ def _kind(client: Any) -> tuple[Provider, str]:
 
 
 _OPTION_NAMES = (
+    "screen",
     "shadow",
     "min_agreement",
     "agree",
@@ -340,6 +341,7 @@ def wrap(
     shadow: float = SHADOW,
     min_agreement: float = MIN_AGREEMENT,
     agree: Callable[[Any, Any], bool] | None = None,
+    screen: bool | Callable[[Any], bool] = True,
 ) -> C:
     """Wrap an ``openai.AsyncOpenAI`` or ``anthropic.AsyncAnthropic`` so compatible calls coalesce.
 
@@ -349,14 +351,12 @@ def wrap(
     Args:
         client: The SDK client. (``max_wait``: longest wait for company, 0.05 s.)
         max_items: Most items per request (default: learned from 4; given, it pins the cap).
-        max_concurrency: Most coalesced requests in flight at once (default: no limit).
-        latency_budget: Seconds a coalesced call may wait end to end (default: none).
+        max_concurrency: (and ``latency_budget``) Most requests in flight; seconds a call may wait.
         partition: ``partition(**kwargs) -> key``, called with each coalesced call's
             keyword arguments: calls with different keys never share a prompt.
         max_attempts: (and ``max_retries``) Requests that may carry one item, re-asks included
             (default 4); retries of a failed request (default: the client's).
-        max_output_tokens: Cap on a packed reply's tokens (default: each call's own cap
-            times ``max_items``, or the provider's default).
+        max_output_tokens: A packed reply's token cap (default: each call's cap times items).
         timeout: (and ``context_window``) Longest attempt, s (the budget, or 60); the window.
         schema_enforced: Whether replies always follow the schema (default: as declared).
         packing: ``"auto"`` coalesces a kind of call only where a packed request costs
@@ -364,13 +364,13 @@ def wrap(
         latency_prior: (and ``prices``) What the planner assumes of the provider before measuring
             it; prices for the statistics' cost estimates (see :func:`~coalesce.price_for`).
         on_event: Called with each call, request, dispatch and retry event.
-        shadow: (and ``min_agreement``, ``agree``) Fraction of packed items also asked alone
-            (0.01 where the cap is learned); the agreement under which the cap comes down
-            (0.9); ``agree(a, b)`` (``==``).
+        shadow: (and ``min_agreement``, ``agree``, ``screen``) Fraction of packed items also
+            asked alone (0.01 where the cap is learned); the agreement under which the cap
+            comes down (0.9); ``agree(a, b)`` (``==``); whether items that read like
+            instructions go alone (``True``, ``False`` or ``screen(item) -> bool``).
 
-    Raises:
-        ConfigurationError: ``client`` is not an OpenAI or Anthropic client (or is already
-            wrapped), ``partition`` is not callable, or an option is out of range.
+    Raises ``ConfigurationError`` for a client that is not OpenAI's or Anthropic's (or is
+    already wrapped), or an option out of range.
     """
     twin = async_twin(client)
     if twin is not None:  # a blocking openai.OpenAI / anthropic.Anthropic
