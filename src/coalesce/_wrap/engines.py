@@ -15,9 +15,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._defaults import LEARNED_CAP_CEILING
 from .._engine.engine import Engine
-from .._engine.parts import learns
 from .._engine.spec import FunctionSpec, Options
 from .._observe.listeners import UsageShares
 from .._observe.recorder import PromptRecorder, PromptStatistics
@@ -105,9 +103,10 @@ class Engines:
         return engine
 
     def _options_for(self, call: SdkCall) -> Options:
-        # The largest group this engine may form: the learning's ceiling while it learns.
-        most = LEARNED_CAP_CEILING if learns(self._options) else self._options.max_items
-        cap = None if call.item_cap is None else call.item_cap * most
+        # Each call's own cap times max_items (4 while the cap is learned): the planner and
+        # admission keep a group's expected output within it, so no reply is cut short;
+        # the learning's ceiling here would reserve more than small context windows hold.
+        cap = None if call.item_cap is None else call.item_cap * self._options.max_items
         if self._options.max_output_tokens is not None:
             cap = (
                 self._options.max_output_tokens
