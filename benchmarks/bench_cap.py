@@ -85,6 +85,10 @@ class Run:
     records: list[dict[str, Any]] = field(default_factory=list)
 
 
+#: Options every function of the run gets besides the defaults (``--max-wait``).
+EXTRA: dict[str, Any] = {}
+
+
 def function(url: str, **options: Any) -> Any:
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="sk-sim", timeout=30.0)
 
@@ -93,7 +97,7 @@ def function(url: str, **options: Any) -> Any:
         model=MODEL,
         instructions=INSTRUCTIONS,
         latency_budget=BUDGET,
-        **options,
+        **{**EXTRA, **options},
     )
     async def triage(ticket: str) -> Triage:  # type: ignore[empty-body]
         """(instructions= above)"""
@@ -353,6 +357,9 @@ if __name__ == "__main__":
     parser.add_argument("--rate", type=float, default=100.0)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
+        "--max-wait", type=float, help="max_wait of the learning runs (default: coalesce's)"
+    )
+    parser.add_argument(
         "--position-max-wait",
         type=float,
         default=0.5,
@@ -363,4 +370,7 @@ if __name__ == "__main__":
     )
     warnings.simplefilter("ignore")
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]
-    anyio.run(main, parser.parse_args())
+    arguments = parser.parse_args()
+    if arguments.max_wait is not None:
+        EXTRA["max_wait"] = arguments.max_wait
+    anyio.run(main, arguments)
