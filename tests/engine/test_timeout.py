@@ -9,6 +9,7 @@ HTTP the simulated provider's ``hang`` fault shows the same through the openai S
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -160,3 +161,21 @@ class TestOverHTTP:
             tag = tagger(sim.openai_client(url, max_retries=0), latency_budget=0.3)
             out = await freed_after(tag, ["a", "b", "c"])
         assert all(isinstance(result, coalesce.RequestTimeoutError) for _, result in out)
+
+
+@pytest.mark.parametrize("configured", [600.0, 30.0])
+def test_without_budget_or_timeout_the_clients_own_timeout_applies(configured: float) -> None:
+    # A drop-in keeps what the client was configured with (AsyncOpenAI(timeout=600) for
+    # a slow local server): coalesce's 60 s default must not cut its requests short.
+    import openai
+
+    from coalesce._engine.group import _attempt_timeout
+    from coalesce._engine.spec import Options
+    from coalesce.providers import OpenAIProvider
+
+    provider = OpenAIProvider(openai.AsyncOpenAI(api_key="k", timeout=configured))
+    assert provider.default_timeout == configured
+    assert _attempt_timeout(Options(), math.inf, provider) == configured
+    assert _attempt_timeout(Options(timeout=5.0), math.inf, provider) == 5.0
+    assert _attempt_timeout(Options(), 10.0, provider) is None  # the budget bounds it
+    assert _attempt_timeout(Options(), math.inf, Hanging()) == REQUEST_TIMEOUT

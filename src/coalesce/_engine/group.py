@@ -297,7 +297,7 @@ async def _request(group: Group, asked: Asked, sent: Sent, resolve: Resolve) -> 
             asked.request,
             on_text=on_text if options.stream else None,
             deadline=asked.deadline,
-            attempt_timeout=_attempt_timeout(options, asked.deadline),
+            attempt_timeout=_attempt_timeout(options, asked.deadline, provider),
             max_attempts=options.max_retries + 1,
             on_retry=group.observer.retrying,
         )
@@ -311,12 +311,15 @@ async def _request(group: Group, asked: Asked, sent: Sent, resolve: Resolve) -> 
         )
 
 
-def _attempt_timeout(options: Options, deadline: float) -> float | None:
+def _attempt_timeout(options: Options, deadline: float, provider: Any) -> float | None:
     """How long one attempt may run: the ``timeout`` option; without one, a budget's
-    deadline bounds it (callers are freed then), else :data:`~coalesce._defaults.REQUEST_TIMEOUT`."""
+    deadline bounds it (callers are freed then), else the timeout configured on the
+    SDK client (never undercut), else :data:`~coalesce._defaults.REQUEST_TIMEOUT`."""
     if options.timeout is not None:
         return options.timeout
-    return None if math.isfinite(deadline) else REQUEST_TIMEOUT
+    if math.isfinite(deadline):
+        return None
+    return getattr(provider, "default_timeout", None) or REQUEST_TIMEOUT
 
 
 async def _free_at_deadlines(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import math
 from collections.abc import Iterator
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -50,6 +51,17 @@ class SDKProvider(Generic[ClientT]):
     def client(self) -> Any:
         """The SDK client requests go through (a copy of yours, with ``max_retries=0``)."""
         return self._client
+
+    @property
+    def default_timeout(self) -> float | None:
+        """The read timeout configured on the client, in seconds (``None`` if it has
+        none): a request attempt without a ``timeout=`` or a budget may run this long,
+        so coalesce's own default never undercuts what the client was given."""
+        timeout = getattr(self._client, "timeout", None)
+        seconds = getattr(timeout, "read", timeout)  # an httpx Timeout, or a number
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+            return None
+        return float(seconds) if 0 < seconds < math.inf else None
 
     def advise(self, error: BaseException) -> RetryAdvice:
         """Retry 408, 409, 429 (after ``retry-after``), 5xx (Anthropic's 529 too),
