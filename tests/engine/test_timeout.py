@@ -179,3 +179,17 @@ def test_without_budget_or_timeout_the_clients_own_timeout_applies(configured: f
     assert _attempt_timeout(Options(timeout=5.0), math.inf, provider) == 5.0
     assert _attempt_timeout(Options(), 10.0, provider) is None  # the budget bounds it
     assert _attempt_timeout(Options(), math.inf, Hanging()) == REQUEST_TIMEOUT
+
+
+async def test_a_timeout_says_how_much_was_spent_in_coalesces_queue() -> None:
+    # One request at a time (max_concurrency=1), each hanging: the first call's request
+    # holds the only slot, so the second waits in coalesce's queue until the first is
+    # freed at its deadline; its own request then meets its deadline at once.
+    tag = tagger(Hanging(), max_items=1, max_concurrency=1, latency_budget=1.0)
+    out = await freed_after(tag, ["a", "b"], spacing=0.1)
+    (_, first), (_, second) = out
+    assert isinstance(first, coalesce.RequestTimeoutError)
+    assert isinstance(second, coalesce.RequestTimeoutError)
+    assert "the provider is slower than the budget allows" in str(first)
+    assert "at the provider); most of it waiting in coalesce's own queue" in str(second)
+    assert "max_concurrency=" in str(second)

@@ -328,6 +328,7 @@ async def _free_at_deadlines(
     """Free each caller still waiting when its budget runs out; once none waits, stop
     the request."""
     jobs = [asked.jobs[index] for members in asked.slots.values() for index in members]
+    sent_at = anyio.current_time()
     for deadline in sorted({job.deadline for job in jobs}):
         await anyio.sleep_until(deadline)
         now = anyio.current_time()  # a clock may round: compare deadlines, not times
@@ -335,7 +336,7 @@ async def _free_at_deadlines(
             for index in members:
                 job = asked.jobs[index]
                 if not job.done and job.deadline <= deadline:
-                    _give(asked.jobs, index, _timeout_error(job, now), resolve)
+                    _give(asked.jobs, index, _timeout_error(job, now, sent_at), resolve)
         if all(job.done for job in jobs):
             sent.abandoned = True
             request.cancel()
@@ -353,12 +354,24 @@ def _too_long(error: BaseException) -> InvalidInputError:
     return refused
 
 
-def _timeout_error(job: Job, now: float) -> RequestTimeoutError:
+def _timeout_error(job: Job, now: float, sent_at: float) -> RequestTimeoutError:
+    """The error of a caller whose budget ran out while its request was at the provider:
+    where the time went, coalesce's own queue (windows, retries, a ``max_concurrency``
+    slot) before the request was sent, or the provider after."""
     waited = now - job.arrival
+    queued, provider = max(0.0, sent_at - job.arrival), max(0.0, now - sent_at)
+    split = f"{queued:.2f} s in coalesce's queue before its request was sent, {provider:.2f} s"
+    if queued > provider:
+        why = (
+            "most of it waiting in coalesce's own queue: allow more requests in flight"
+            " (max_concurrency=), send fewer calls at once (f.map), or raise latency_budget="
+        )
+    else:
+        why = "the provider is slower than the budget allows: raise latency_budget=, or check"
+        why += " the provider"
     return RequestTimeoutError(
-        f"no answer within the call's {job.budget:g} s latency budget (waited {waited:.2f} s);"
-        " the provider is slower than the budget allows: raise latency_budget=, or check"
-        " the provider",
+        f"no answer within the call's {job.budget:g} s latency budget (waited {waited:.2f} s:"
+        f" {split} at the provider); {why}",
         seconds=waited,
     )
 
