@@ -291,6 +291,7 @@ def _kind(client: Any) -> tuple[Provider, str]:
 
 
 _OPTION_NAMES = (
+    "vote",
     "screen",
     "shadow",
     "min_agreement",
@@ -342,6 +343,7 @@ def wrap(
     min_agreement: float = MIN_AGREEMENT,
     agree: Callable[[Any, Any], bool] | None = None,
     screen: bool | Callable[[Any], bool] = True,
+    vote: bool = False,
 ) -> C:
     """Wrap an ``openai.AsyncOpenAI`` or ``anthropic.AsyncAnthropic`` so compatible calls coalesce.
 
@@ -363,11 +365,10 @@ def wrap(
             less than plain calls (else they pass through); ``"always"`` packs groups of 2+.
         latency_prior: (and ``prices``) What the planner assumes of the provider before measuring
             it; prices for the statistics' cost estimates (see :func:`~coalesce.price_for`).
-        on_event: Called with each call, request, dispatch and retry event.
-        shadow: (and ``min_agreement``, ``agree``, ``screen``) Fraction of packed items also
-            asked alone (0.01 where the cap is learned); the agreement under which the cap
-            comes down (0.9); ``agree(a, b)`` (``==``); whether items that read like
-            instructions go alone (``True``, ``False`` or ``screen(item) -> bool``).
+        on_event: Called with each call, request, dispatch and retry event. See docs/wrap.md.
+        shadow: (and ``min_agreement``, ``agree``, ``screen``, ``vote``) Share of packed
+            items also asked alone (0.01 where learned); the cap's agreement (0.9); equality;
+            items reading like instructions go alone (True); ask in two orders (False).
 
     Raises ``ConfigurationError`` for a client that is not OpenAI's or Anthropic's (or is
     already wrapped), or an option out of range.
