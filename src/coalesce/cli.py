@@ -21,7 +21,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser(
         "demo",
-        help="tag 500 support tickets three ways and compare latency and cost",
+        help="tag 500 support tickets four ways and compare latency and cost",
         add_help=False,
     )
     commands.add_parser(
