@@ -16,6 +16,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import TypeVar
 
 __all__ = [
     "Paired",
@@ -23,8 +24,11 @@ __all__ = [
     "bucket_of",
     "mcnemar_exact",
     "paired",
+    "runs_of",
     "wilson_interval",
 ]
+
+T = TypeVar("T")
 
 #: z for a two-sided 95% interval.
 Z95 = 1.959963984540054
@@ -147,3 +151,19 @@ def bucket_label(bucket: int, group_size: int, buckets: int = 4) -> str:
         raise ValueError(f"bucket {bucket} is empty in a group of {group_size} ({buckets} buckets)")
     low, high = members[0], members[-1]
     return str(low) if low == high else f"{low}-{high}"
+
+
+def runs_of(values: Sequence[T]) -> list[tuple[T, int, int]]:
+    """The runs of equal consecutive ``values``: ``(value, start, stop)``, with
+    ``values[start:stop]`` the run (the stretches of calls sent at one group cap).
+
+    >>> runs_of([4, 4, 2, 2, 2, 4])
+    [(4, 0, 2), (2, 2, 5), (4, 5, 6)]
+    """
+    runs: list[tuple[T, int, int]] = []
+    for index, value in enumerate(values):
+        if runs and runs[-1][0] == value:
+            runs[-1] = (value, runs[-1][1], index + 1)
+        else:
+            runs.append((value, index, index + 1))
+    return runs

