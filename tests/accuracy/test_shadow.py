@@ -267,3 +267,22 @@ def test_bad_shadow_options_are_refused_at_decoration(
         @coalesce.prompt(client=lambda request: request, model="m", **options)  # type: ignore[arg-type]
         async def f(text: str) -> str:
             """Say it."""
+
+
+def test_learning_shadows_until_a_disagreement_could_still_be_outweighed() -> None:
+    from coalesce._accuracy.learning import learning_wanted, verdicts_to_decide
+    from coalesce._observe.agreement import wilson_interval
+
+    assert [verdicts_to_decide(d, 0.9) for d in range(4)] == [35, 53, 69, 84]
+    for d in range(4):
+        n = verdicts_to_decide(d, 0.9)
+        assert wilson_interval(n - d, n)[0] >= 0.9 > wilson_interval(n - 1 - d, n - 1)[0]
+    # Two disagreements in 43 verdicts: still undecided (the interval's lower end is
+    # under 0.9), so learning goes on asking, up to 69 verdicts, and not past them.
+    tail = [False, False] + [True] * 41
+    assert learning_wanted(8, 6, tail, {}, pending=0, spent=50, min_agreement=0.9)
+    tail = [False, False] + [True] * 67
+    assert not learning_wanted(8, 6, tail, {}, pending=0, spent=70, min_agreement=0.9)
+    # Confidently below the bar: the cap falls, no more shadow calls for this step.
+    tail = [False] * 10 + [True] * 10
+    assert not learning_wanted(8, 6, tail, {}, pending=0, spent=20, min_agreement=0.9)

@@ -26,6 +26,7 @@ a verdict at the item's group size and its position in the request.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
@@ -84,6 +85,18 @@ def verdicts_to_rise(min_agreement: float) -> int:
     if min_agreement >= 1:
         return 10**9  # agreement is never confidently perfect
     return max(1, math.ceil(Z * Z * min_agreement / (1 - min_agreement)))
+
+
+@functools.lru_cache(maxsize=256)
+def verdicts_to_decide(disagreements: int, min_agreement: float) -> int:
+    """How many verdicts, ``disagreements`` of them against, put the lower end of the
+    95% interval at ``min_agreement`` when all the others agree (69 with 2 against, at
+    0.9); at most :data:`STEP_ALLOWANCE` times :func:`verdicts_to_rise`."""
+    most = STEP_ALLOWANCE * verdicts_to_rise(min_agreement)
+    for n in range(max(1, disagreements), most):
+        if wilson_interval(n - disagreements, n)[0] >= min_agreement:
+            return n
+    return most
 
 
 def in_tail(cap: int, size: int, position: int) -> bool:
@@ -257,5 +270,7 @@ def learning_wanted(
     if total and wilson_interval(agreed, total)[0] >= min_agreement:
         # Good so far: what is missing is evidence from groups that reached the cap.
         return in_top(cap, position) and top_verdicts(cap, positions) < TOP_SAMPLES
-    # Each disagreement needs a few more agreeing verdicts to outweigh it.
-    return pending + total < least + 4 * (total - agreed)
+    if total and wilson_interval(agreed, total)[1] < min_agreement:
+        return False  # confidently below: the cap comes down without more
+    # Enough verdicts that, if the rest agree, the interval's lower end reaches the bar.
+    return pending + total < verdicts_to_decide(total - agreed, min_agreement)
