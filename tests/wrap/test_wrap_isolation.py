@@ -165,14 +165,25 @@ def assert_honest_answers_right(answers: list[Any]) -> None:
 
 
 @pytest.mark.anyio
-async def test_without_partition_an_injected_item_steers_every_neighbour() -> None:
+async def test_without_partition_or_screen_an_injected_item_steers_every_neighbour() -> None:
+    model = ObedientModel()
+    async with coalesce.wrap(
+        model.client(), max_items=CALLERS, max_wait=1.0, packing="always", screen=False
+    ) as client:
+        answers = await ask_all(client, lambda i: {"user": "alice"})
+    assert len(model.requests) == 1  # all ten in one prompt
+    assert answers == ["PWNED"] * CALLERS
+
+
+@pytest.mark.anyio
+async def test_the_default_screen_sends_an_injected_item_alone() -> None:
     model = ObedientModel()
     async with coalesce.wrap(
         model.client(), max_items=CALLERS, max_wait=1.0, packing="always"
     ) as client:
         answers = await ask_all(client, lambda i: {"user": "alice"})
-    assert len(model.requests) == 1  # all ten in one prompt
-    assert answers == ["PWNED"] * CALLERS
+    assert_attacker_alone(model)
+    assert_honest_answers_right(answers)
 
 
 @pytest.mark.anyio
@@ -286,9 +297,9 @@ def answerer(model: ObedientModel, **options: Any) -> Any:
 
 
 @pytest.mark.anyio
-async def test_prompt_without_partition_an_injected_item_steers_every_neighbour() -> None:
+async def test_prompt_without_partition_or_screen_an_injected_item_steers_every_neighbour() -> None:
     model = ObedientModel()
-    answer = answerer(model)
+    answer = answerer(model, screen=False)
     answers = await gather(
         CALLERS, lambda i: answer(question(i), "evil" if i == ATTACKER else "acme")
     )
