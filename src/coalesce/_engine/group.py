@@ -313,13 +313,14 @@ async def _request(group: Group, asked: Asked, sent: Sent, resolve: Resolve) -> 
 
 def _attempt_timeout(options: Options, deadline: float, provider: Any) -> float | None:
     """How long one attempt may run: the ``timeout`` option; without one, a budget's
-    deadline bounds it (callers are freed then), else the timeout configured on the
-    SDK client (never undercut), else :data:`~coalesce._defaults.REQUEST_TIMEOUT`."""
+    deadline bounds it (callers are freed then); else an SDK client with a timeout of
+    its own enforces it (``None`` here: never undercut, and its timeout error is
+    retried like any other), else :data:`~coalesce._defaults.REQUEST_TIMEOUT`."""
     if options.timeout is not None:
         return options.timeout
-    if math.isfinite(deadline):
+    if math.isfinite(deadline) or getattr(provider, "default_timeout", None):
         return None
-    return getattr(provider, "default_timeout", None) or REQUEST_TIMEOUT
+    return REQUEST_TIMEOUT
 
 
 async def _free_at_deadlines(
