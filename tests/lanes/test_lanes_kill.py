@@ -66,7 +66,9 @@ def submissions(url: str) -> list[dict[str, object]]:
 @pytest.mark.parametrize("kind", ["openai", "anthropic"])
 def test_kill_while_polling_then_restart(tmp_path: Path, kind: str) -> None:
     store = tmp_path / "jobs.sqlite3"
-    with simulated_provider(time_scale=0.001) as url:
+    # Lines of 0.4 s each (at the time scale): the batch runs for about 2 s, so the job
+    # is seen submitted and killed while it polls, not after its results came back.
+    with simulated_provider(time_scale=0.001, batches={"per_request": 400.0}) as url:
         with start(store, url, kind) as first:
             wait_for(lambda: job_state(store) == "submitted", "the job to be submitted")
             os.kill(first.pid, signal.SIGKILL)
