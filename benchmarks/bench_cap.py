@@ -35,7 +35,6 @@ import argparse
 import contextlib
 import multiprocessing
 import os
-import random
 import socket
 import statistics
 import sys
@@ -53,6 +52,7 @@ from bench_budget import INSTRUCTIONS, MODEL, OUTPUT_TOKENS, Triage, simulator, 
 from pydantic import TypeAdapter
 
 import coalesce
+from coalesce._demo import poisson
 from coalesce.testing import PackingDegradation, SimulatedProvider, expected_output
 
 BUDGET = 2.0
@@ -103,15 +103,6 @@ def function(url: str, **options: Any) -> Any:
         """(instructions= above)"""
 
     return triage
-
-
-def poisson(n: int, rate: float, seed: int) -> list[float]:
-    rng = random.Random(seed)
-    at, out = 0.0, []
-    for _ in range(n):
-        at += rng.expovariate(rate)
-        out.append(at)
-    return out
 
 
 async def stream(fn: Any, texts: Sequence[str], offsets: Sequence[float]) -> Run:

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import datetime
 import importlib
-import math
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
 
+from ..providers._sdk import timeout_seconds
 from .registry import Endpoint
 
-__all__ = ["RAW_HEADER", "call_limit", "raw_mode", "raw_response", "seconds", "timeout_error"]
+__all__ = ["RAW_HEADER", "call_limit", "raw_mode", "raw_response", "timeout_error"]
 
 #: The header the SDKs' raw-response wrappers add to a call: ``"true"`` (openai's
 #: ``with_raw_response``), ``"raw"`` (anthropic's), ``"stream"`` (``with_streaming_response``).
@@ -56,17 +56,6 @@ def raw_mode(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
     return cleaned, str(headers[ours[-1]])
 
 
-def seconds(timeout: Any) -> float | None:
-    """An SDK ``timeout`` as the seconds a caller waits: a number as it is, a
-    ``Timeout`` object by its ``read`` limit (the wait for the answer), ``None`` (or
-    anything else, or no finite limit) for none."""
-    if not isinstance(timeout, (int, float)):
-        timeout = getattr(timeout, "read", None)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        return None
-    return max(float(timeout), 0.0) if math.isfinite(timeout) else None
-
-
 def call_limit(given: Mapping[str, Any], own: float | None, default: Any) -> float | None:
     """The seconds a coalesced caller waits at most: its own ``timeout=`` (``own``, as
     its translator read it), none for ``timeout=None`` (as the SDK), else its client's
@@ -79,7 +68,7 @@ def call_limit(given: Mapping[str, Any], own: float | None, default: Any) -> flo
     """
     if own is not None:
         return own
-    return None if "timeout" in given else seconds(default)
+    return None if "timeout" in given else timeout_seconds(default)
 
 
 def timeout_error(sdk: str, url: str) -> Exception:

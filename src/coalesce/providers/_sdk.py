@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 from ._base import RetryAdvice
 from ._http import lower_headers, status_advice, transport_error_kind
 
-__all__ = ["SDKProvider", "sdk_advice", "sdk_transport_errors"]
+__all__ = ["SDKProvider", "sdk_advice", "sdk_transport_errors", "timeout_seconds"]
 
 
 _Self = TypeVar("_Self", bound="_SDKClient")
@@ -57,11 +57,7 @@ class SDKProvider(Generic[ClientT]):
         """The read timeout configured on the client, in seconds (``None`` if it has
         none): a request attempt without a ``timeout=`` or a budget may run this long,
         so coalesce's own default never undercuts what the client was given."""
-        timeout = getattr(self._client, "timeout", None)
-        seconds = getattr(timeout, "read", timeout)  # an httpx Timeout, or a number
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-            return None
-        return float(seconds) if 0 < seconds < math.inf else None
+        return timeout_seconds(getattr(self._client, "timeout", None)) or None
 
     def advise(self, error: BaseException) -> RetryAdvice:
         """Retry 408, 409, 429 (after ``retry-after``), 5xx (Anthropic's 529 too),
@@ -71,6 +67,17 @@ class SDKProvider(Generic[ClientT]):
             error: What ``complete`` raised.
         """
         return sdk_advice(error, importlib.import_module(self.sdk))
+
+
+def timeout_seconds(timeout: Any) -> float | None:
+    """An SDK ``timeout`` as the seconds a caller waits: a number as it is, a
+    ``Timeout`` object by its ``read`` limit (the wait for the answer), ``None`` (or
+    anything else, or no finite limit) for none."""
+    if not isinstance(timeout, (int, float)):
+        timeout = getattr(timeout, "read", None)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        return None
+    return max(float(timeout), 0.0) if math.isfinite(timeout) else None
 
 
 def sdk_advice(error: BaseException, sdk: Any) -> RetryAdvice:
