@@ -326,17 +326,20 @@ def plot(results: Sequence[Result], path: str) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    figure, (cdf, cost) = plt.subplots(1, 2, figsize=(11, 4))
+    figure, (cdf, cost) = plt.subplots(1, 2, figsize=(11, 4.8))
     for r in results:
         xs = sorted(r.latencies)
         cdf.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=r.name)
     cdf.axvline(results[0].budget, color="grey", linestyle="--", label="latency budget")
     cdf.set(xlabel="latency (s)", ylabel="share of calls", title="Latency CDF")
-    cdf.legend(loc="lower right", fontsize=8)
+    # Below the axes, where it hides no curve.
+    cdf.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize=8)
     per_item = [1e6 * r.cost / len(r.latencies) for r in results]
-    cost.bar(range(len(results)), per_item, color=[f"C{i}" for i in range(len(results))])
-    cost.set_xticks(range(len(results)), [r.name.replace(", ", ",\n") for r in results])
-    cost.set(ylabel="USD per million items", title="Cost per item")
+    # Horizontal bars: each mode's name on a line of its own, however long.
+    rows = range(len(results))[::-1]
+    cost.barh(rows, per_item, color=[f"C{i}" for i in range(len(results))])
+    cost.set_yticks(rows, [r.name for r in results], fontsize=8)
+    cost.set(xlabel="USD per million items", title="Cost per item")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     return True

@@ -173,7 +173,7 @@ class PromptFunction(Generic[P, Out]):
             return_exceptions=return_exceptions,
             on_progress=on_progress,
             progress=progress,
-            label=self._engine.spec.name,
+            label=self._engine.spec.name.rsplit("<locals>.", 1)[-1],
         )
 
     def _arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:

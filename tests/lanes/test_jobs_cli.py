@@ -109,6 +109,25 @@ def test_list_of_an_empty_store_says_so(path: Path, run: Run) -> None:
     assert run("list", "--store", path) == (0, f"no jobs in the job store {path}\n", "")
 
 
+def test_store_may_come_before_or_after_the_command(path: Path, run: Run) -> None:
+    two_jobs(path)
+    before = run("--store", path, "list")
+    assert before[0] == 0
+    assert before == run("list", "--store", path)
+
+
+@pytest.mark.parametrize("command", ["list", "show", "results"])
+def test_each_read_command_describes_itself_in_its_help(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["jobs", command, "--help"])
+    lines = capsys.readouterr().out.splitlines()
+    description = lines[lines.index("") + 1]
+    assert description.endswith(".")
+    assert len(description.split()) >= 3
+
+
 def test_list_reads_the_default_store_from_the_environment(
     path: Path, run: Run, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -208,3 +208,15 @@ async def test_the_default_concurrency_fills_the_requests_that_may_run() -> None
     assert "3 in flight at most" in repr(the_map)
     assert await the_map == ["ok"] * 7
     await ask.aclose()
+
+
+async def test_the_bar_is_labelled_with_the_functions_own_name() -> None:
+    """A function defined inside another is ``main.<locals>.tag`` to Python; its bar says
+    ``tag``."""
+    sim = SimulatedProvider()
+    tag = make_tag(sim)  # defined inside make_tag
+    assert "<locals>" in tag.__qualname__
+    mapped = tag.map(["a"])
+    assert mapped.label == "tag"
+    assert await mapped == [expected(sim, "a")]
+    await tag.aclose()

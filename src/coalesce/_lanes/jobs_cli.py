@@ -89,6 +89,13 @@ _LIVE_EPILOG = (
 )
 
 
+_READ_HELPS = {
+    "list": "every job, newest first (OPEN: items the job has not answered)",
+    "show": "one job in full",
+    "results": "write one JSON line per item the job carried",
+}
+
+
 class JobsError(Exception):
     """A one-line error of ``coalesce jobs``, printed to stderr with exit code 2."""
 
@@ -98,29 +105,23 @@ class JobsError(Exception):
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of ``coalesce jobs``."""
-    store = argparse.ArgumentParser(add_help=False)
-    store.add_argument(
-        "--store",
-        type=Path,
-        help=f"the job store file (default: $COALESCE_STORE or {default_store_path()})",
-    )
+    store_help = f"the job store file (default: $COALESCE_STORE or {default_store_path()})"
     parser = argparse.ArgumentParser(
         prog="coalesce jobs",
         description="Read the deferred lanes' job store; wait for, cancel or resume its jobs.",
         epilog=_LIVE_EPILOG,
     )
+    # --store goes before the command or after it: the command's own copy leaves the
+    # value alone when not given (SUPPRESS), so `jobs --store X list` keeps X.
+    parser.add_argument("--store", type=Path, help=store_help)
+    store = argparse.ArgumentParser(add_help=False)
+    store.add_argument("--store", type=Path, default=argparse.SUPPRESS, help=store_help)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    commands.add_parser(
-        "list",
-        parents=[store],
-        help="every job, newest first (OPEN: items the job has not answered)",
-    )
-    show = commands.add_parser("show", parents=[store], help="one job in full")
-    show.add_argument("id", metavar="ID", help=_ID_HELP)
-    results = commands.add_parser(
-        "results", parents=[store], help="write one JSON line per item the job carried"
-    )
-    results.add_argument("id", metavar="ID", help=_ID_HELP)
+    for name, text in _READ_HELPS.items():
+        command = commands.add_parser(name, parents=[store], help=text, description=f"{text}.")
+        if name != "list":
+            command.add_argument("id", metavar="ID", help=_ID_HELP)
+    results = commands.choices["results"]
     results.add_argument("--out", type=Path, required=True, help="the JSONL file to write")
     results.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     _add_live_commands(commands, store)
