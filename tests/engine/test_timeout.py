@@ -194,3 +194,37 @@ async def test_a_timeout_says_how_much_was_spent_in_coalesces_queue() -> None:
     assert "the provider is slower than the budget allows" in str(first)
     assert "at the provider); most of it waiting in coalesce's own queue" in str(second)
     assert "max_concurrency=" in str(second)
+
+
+async def test_a_call_queued_behind_max_concurrency_is_freed_at_its_deadline_unsent() -> None:
+    # Three calls at once, one request at a time, each request hanging: the first holds
+    # the only slot; the other two wait in the ready queue. Each is freed at its own
+    # deadline with an error that says its request was never sent, and no request is
+    # sent for it once its caller is gone.
+    provider = Hanging()
+    tag = tagger(provider, max_items=1, max_concurrency=1, latency_budget=1.0)
+    out = await freed_after(tag, ["a", "b", "c"])
+    for seconds, result in out:
+        assert isinstance(result, coalesce.RequestTimeoutError)
+        assert seconds <= 1.0 + 0.01
+    queued = [result for _, result in out if "never sent" in str(result)]
+    assert len(queued) == 2
+    assert "all of it in coalesce's queue" in str(queued[0])
+    assert "max_concurrency=" in str(queued[0])
+    assert queued[0].seconds == pytest.approx(1.0, abs=0.01)
+    await tag.aclose()
+    assert provider.requests == 1
+    stats = tag.statistics()
+    assert stats.calls_failed == 3
+    assert tag.batcher_statistics().queue_depth == 0
+
+
+async def test_a_queued_call_whose_slot_frees_in_time_is_sent() -> None:
+    # The first request answers after 0.1 s, well inside the budget: the queued calls
+    # get the slot in turn and are answered; nothing is freed early.
+    provider = Hanging(hangs=0)
+    tag = tagger(provider, max_items=1, max_concurrency=1, latency_budget=1.0)
+    out = await freed_after(tag, ["a", "b", "c"])
+    assert sorted(result for _, result in out) == ["a", "b", "c"]
+    assert provider.requests == 3
+    await tag.aclose()

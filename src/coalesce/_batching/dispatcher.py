@@ -3,9 +3,10 @@
 A batch runs in a background task of the event loop, never in a caller's task, so a
 caller that is cancelled never disturbs the others; its results are handed back by
 position, each to its own caller. At most ``max_concurrency`` batches run at once;
-the windows closed meanwhile wait, in order, in the ready queue. Items a policy holds
-are released (handed back to the batcher's ``release``) when their hold is due or when
-a batch ends.
+the windows closed meanwhile wait, in order, in the ready queue (where a policy that
+gives items deadlines has each caller freed at its own). Items a policy holds are
+released (handed back to the batcher's ``release``) when their hold is due or when a
+batch ends.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import anyio
 
 from .._exceptions import BatchError, ResultCountError
+from .expiry import ReadyDeadlines
 from .options import BatcherOptions
 from .policy import DispatchReason, Due
 from .runtime import Runtime
@@ -61,6 +63,7 @@ class Dispatcher:
         self.in_flight = 0
         self.timer_on = False
         self.timer_scope: anyio.CancelScope | None = None
+        self.deadlines = ReadyDeadlines(options.policy, windows)
         self.drained: anyio.Event | None = None
         self.completed = 0
         self.failed = 0
@@ -81,6 +84,8 @@ class Dispatcher:
         self.by_reason[reason] += 1
         if self.max_concurrency is not None and self.in_flight >= self.max_concurrency:
             self.ready.append(window)
+            assert self.rt is not None
+            self.deadlines.watch(window, self.rt)
         else:
             self._start(window)
         on_dispatch = self.options.on_dispatch
@@ -144,6 +149,8 @@ class Dispatcher:
             self.max_concurrency is None or self.in_flight < self.max_concurrency
         ):
             self._start(self.ready.popleft())
+        if not self.ready:
+            self.deadlines.stop()  # nothing left to watch
         if self.drained is not None and not self.in_flight and not self.ready:
             self.drained.set()
 
@@ -220,7 +227,7 @@ class Dispatcher:
         return BatcherStatistics(
             items_submitted=self.items_dispatched + withdrawn + pending,
             items_completed=self.completed,
-            items_failed=self.failed,
+            items_failed=self.failed + self.deadlines.freed,
             items_cancelled=cancelled,
             batches=sum(self.by_reason.values()),
             dispatch_reasons={str(k): v for k, v in self.by_reason.items()},

@@ -97,6 +97,11 @@ class DispatchPolicy(Protocol[T_contra]):
 
     Both methods are pure functions of the window's items and ``now`` (and of what
     the policy knows); the batcher applies their answers. Tests build windows by hand.
+
+    A policy may also give items deadlines: ``expires_at(item) -> float`` (same clock as
+    ``now``; ``math.inf`` for none) and ``expired(item, now) -> BaseException``. Then an
+    item whose window waits for a ``max_concurrency`` slot past its deadline is taken
+    out of it and its caller gets ``expired(item, now)`` at that moment, unsent.
     """
 
     def before_add(

@@ -29,7 +29,7 @@ from typing import Any
 
 from .._batching.policy import DispatchPolicy, DispatchReason, Due, Hold
 from .._calls import Job
-from .._exceptions import InvalidInputError
+from .._exceptions import InvalidInputError, RequestTimeoutError
 from .._planning.context import ContextWindow
 from .._planning.footprint import Footprint
 from .._planning.planner import PlanItem, PlanLimits, group_tokens
@@ -226,6 +226,22 @@ class ContextPolicy:
         if self.cap is not None and len(members) >= self.cap():
             return Due(now, DispatchReason.FULL)
         return None if self.inner is None else self.inner.after_add(members, now)
+
+    def expires_at(self, item: Job) -> float:
+        """When ``item``'s caller gives up: its deadline (the dispatcher frees it then if
+        its group still waits for a ``max_concurrency`` slot)."""
+        return item.deadline
+
+    def expired(self, item: Job, now: float) -> RequestTimeoutError:
+        """The error of a caller whose budget ran out before a request slot freed."""
+        return RequestTimeoutError(
+            f"no answer within the call's {item.budget:g} s latency budget (waited"
+            f" {now - item.arrival:.2f} s, all of it in coalesce's queue: its request was"
+            " never sent, as max_concurrency requests were in flight); allow more requests"
+            " in flight (max_concurrency=), send fewer calls at once (f.map), or raise"
+            " latency_budget=",
+            seconds=now - item.arrival,
+        )
 
     def __repr__(self) -> str:
         return f"ContextPolicy({self.admission!r}, inner={self.inner!r})"
