@@ -31,6 +31,7 @@ from ._observe.agreement import Agreement, CapLearning
 from ._observe.recorder import (
     CallEvent,
     ContradictionEvent,
+    DisagreementAlarm,
     DispatchEvent,
     Event,
     EventHook,
@@ -68,6 +69,7 @@ __all__ = [
     "CoalescedClient",
     "ConfigurationError",
     "ContradictionEvent",
+    "DisagreementAlarm",
     "DispatchEvent",
     "DispatchPolicy",
     "DispatchReason",

@@ -121,6 +121,29 @@ async def test_the_guard_brings_the_cap_down_where_packing_changes_the_answers()
     # The callers kept their packed answers (the shadow answer is never delivered).
     wrong = [r for r in reviews if answers[r] != right(r)]
     assert len(wrong) == sum(r.degraded for r in sim.requests)
+    # Each fall of the cap is an alarm, at WARNING, naming the function and the caps.
+    alarms = [e for e in events if isinstance(e, coalesce.DisagreementAlarm)]
+    assert alarms
+    assert alarms[0].old_cap == 16
+    assert alarms[0].cap < 16
+    assert [(a.old_cap, a.cap) for a in alarms] == [
+        (old, new) for old, new, _ in stats.cap_learning.moves if new < old
+    ]
+    assert "classify" in alarms[0].function
+    assert "group cap 16 -> " in str(alarms[0])
+
+
+async def test_the_alarm_is_logged_at_warning_without_a_hook(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sim = SimulatedProvider(degradation=PackingDegradation(per_extra_item=0.05, free_items=4))
+    fn = classifier(sim.openai_client(), max_items=16, shadow=0.5)
+    with caplog.at_level("WARNING", logger="coalesce"):
+        await ask_in_bursts(fn, [f"review {i}" for i in range(320)], burst=16)
+    await fn.aclose()
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert any("packed answers disagreed" in r.getMessage() for r in warnings)
+    assert all("DIFFERED" not in r.getMessage() for r in warnings)  # verdicts stay at INFO
 
 
 async def test_without_degradation_the_cap_stays_at_max_items() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 
 from .._calls import Job, NoObserver, Runner
-from .._observe.events import ShadowEvent
+from .._observe.events import DisagreementAlarm, ShadowEvent
 from .._observe.recorder import PromptRecorder
 from .shadow import ShadowGuard
 
@@ -92,8 +92,11 @@ class Shadowing:
         plain: list[Any] = []
         await self.alone([alone], lambda _, outcome: plain.append(outcome))
         if plain and not isinstance(plain[0], BaseException):
+            moves = len(self.guard.moves)
             agreed = self.guard.record(job.company, packed, plain[0], position)
             self._judged(job.company, agreed)
+            if len(self.guard.moves) != moves:
+                self._moved(*self.guard.moves[-1])
         else:
             self.guard.dropped()
 
@@ -104,3 +107,10 @@ class Shadowing:
             recorder = self.recorder
             event = ShadowEvent(recorder.function, recorder.model, size, agreed, self.guard.cap)
             self._events.emit(event, level)
+
+    def _moved(self, old: int, cap: int, reason: str) -> None:
+        """A lower cap is an alarm (``WARNING``): packed answers went wrong."""
+        if cap < old and self._events.watched(logging.WARNING):
+            recorder = self.recorder
+            alarm = DisagreementAlarm(recorder.function, recorder.model, old, cap, reason)
+            self._events.emit(alarm, logging.WARNING)

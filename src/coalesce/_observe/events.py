@@ -27,6 +27,7 @@ from ..providers import Usage
 __all__ = [
     "CallEvent",
     "ContradictionEvent",
+    "DisagreementAlarm",
     "DispatchEvent",
     "Event",
     "EventHook",
@@ -329,6 +330,40 @@ class ShadowEvent:
         )
 
 
+@dataclass(frozen=True)
+class DisagreementAlarm:
+    """The shadow guard lowered a function's group cap: packed answers disagreed with
+    the same items asked alone more often than ``min_agreement`` allows.
+
+    Logged at ``WARNING``: packed answers of this function were wrong more often than
+    they should be, because the model loses track in larger groups or because an item
+    steers its neighbours' answers (text written as instructions to the model; see
+    ``docs/isolation.md``). Requests carry fewer items from now on.
+
+    Attributes:
+        function: The decorated function's name.
+        model: The model name.
+        old_cap: The group cap before.
+        cap: The group cap now.
+        reason: Why the guard moved it (the agreement it measured, at which size or
+            position).
+    """
+
+    function: str
+    model: str
+    old_cap: int
+    cap: int
+    reason: str
+
+    def __str__(self) -> str:
+        return (
+            f"{self.function}: packed answers disagreed with the same items asked alone"
+            f" ({self.reason}); group cap {self.old_cap} -> {self.cap}. The model may lose"
+            " track in larger groups, or an item may be steering its neighbours"
+            " (docs/isolation.md)"
+        )
+
+
 #: Anything passed to an ``on_event`` hook.
 Event = (
     CallEvent
@@ -338,6 +373,7 @@ Event = (
     | UnmeetableEvent
     | ContradictionEvent
     | ShadowEvent
+    | DisagreementAlarm
 )
 #: An ``on_event`` hook: called synchronously; its exceptions are logged and ignored.
 EventHook = Callable[[Event], None]

@@ -28,6 +28,7 @@ from .agreement import Agreement, CapLearning, merged_agreement
 from .events import (
     CallEvent,
     ContradictionEvent,
+    DisagreementAlarm,
     DispatchEvent,
     Event,
     EventHook,
@@ -45,6 +46,7 @@ __all__ = [
     "CallEvent",
     "ContradictionEvent",
     "Counts",
+    "DisagreementAlarm",
     "DispatchEvent",
     "Event",
     "EventHook",
