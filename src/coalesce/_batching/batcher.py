@@ -257,9 +257,9 @@ class Batcher(Generic[T, R]):
         rt = _bound_here(self)
         if rt is None:  # served on another loop
             return _on_its_loop(self, self, item)
-        if rt.awaitable_waiters:
+        if rt.awaitable_waiters and self._loop is not None:
             return self(item)  # now bound to this loop: take the path above
-        return self._call_slowly(item)
+        return self._call_slowly(item)  # trio, or a loop of its own kind (uvloop)
 
     async def _call_slowly(self, item: T) -> R:
         self._runtime()
