@@ -209,7 +209,7 @@ async def test_wrap_reports_every_kind_of_call_of_a_model() -> None:
                     tg.start_soon(one, kind, n)
     await client.aclose()  # type: ignore[attr-defined]
     (stats,) = client.statistics().values()  # type: ignore[attr-defined]
-    engines = client._engines._engines.values()  # type: ignore[attr-defined]
+    engines = [router.engine for router in client._engines._routers.values()]  # type: ignore[attr-defined]
     guards = [engine.shadow for engine in engines]
     assert len(guards) == 2
     assert all(guard.agreement() for guard in guards)  # both kinds were shadowed

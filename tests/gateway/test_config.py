@@ -52,8 +52,6 @@ def test_api_key_mode_takes_the_upstream_keys_from_the_environment() -> None:
         (["--max-items", "0"], {}, "max_items must be >= 1"),
         (["--openai-upstream", "api.openai.com"], {}, "http:// or https://"),
         (["--port", "70000"], {}, "port must be from 0 to 65535"),
-        (["--store", "jobs.db"], {}, "store: coalesce serve does not support the batch lane"),
-        (["--lane", "batch"], {}, "the lane setting asks for the batch lane"),
         ([], {"COALESCE_LANE": "slow"}, "lane must be one of"),
     ],
 )
@@ -62,16 +60,13 @@ def test_a_bad_setting_is_refused_by_name(argv: list[str], env: dict[str, str], 
         load_config(argv, env)
 
 
-def test_the_store_is_refused_from_a_flag_or_the_file_not_the_environment(
-    tmp_path: Path,
-) -> None:
-    # COALESCE_STORE is where every coalesce process keeps its job store (docs/lanes.md):
-    # set for the library, it must not stop the gateway.
-    assert load_config([], {"COALESCE_STORE": str(tmp_path / "jobs.db")}).lane == "auto"
+def test_the_store_and_the_deferred_lanes_are_settings(tmp_path: Path) -> None:
+    assert load_config(["--store", "jobs.db"], {}).store == Path("jobs.db")
+    assert load_config(["--lane", "batch"], {}).lane == "batch"
     path = tmp_path / "gateway.json"
-    path.write_text(json.dumps({"store": "jobs.db"}))
-    with pytest.raises(ConfigurationError, match="does not support the batch lane yet"):
-        load_config(["--config", str(path)], {})
+    path.write_text(json.dumps({"store": "other.db", "lane": "flex"}))
+    from_file = load_config(["--config", str(path)], {})
+    assert (from_file.store, from_file.lane) == (Path("other.db"), "flex")
 
 
 def test_a_bad_file_is_refused(tmp_path: Path) -> None:

@@ -32,10 +32,17 @@ def test_controls_read_a_calls_own_headers() -> None:
     ]
     controls = read_controls(headers, budget=None, lane="auto")
     assert (controls.lane, controls.budget, controls.coalesce) == ("realtime", 0.5, False)
-    # What wrap reads goes to it; the lane is the gateway's.
+    # What wrap reads goes to it, the lane too: wrap routes the call to its lane.
     assert dict(controls.forwarded) == {
-        "x-coalesce-budget": "0.5", "x-coalesce-partition": "acme", "x-coalesce": "off",
+        "x-coalesce-budget": "0.5", "x-coalesce-lane": " Realtime ",
+        "x-coalesce-partition": "acme", "x-coalesce": "off",
     }  # fmt: skip
+
+
+@pytest.mark.parametrize("lane", ["flex", "batch", "auto", "realtime"])
+def test_every_lane_may_be_asked_for(lane: str) -> None:
+    controls = read_controls([("x-coalesce-lane", f" {lane.title()} ")], budget=None, lane="auto")
+    assert controls.lane == lane
 
 
 @pytest.mark.parametrize(
@@ -44,14 +51,14 @@ def test_controls_read_a_calls_own_headers() -> None:
         ([("x-coalesce-budget", "abc")], "x-coalesce-budget"),
         ([("x-coalesce-budget", "0")], "x-coalesce-budget"),
         ([("x-coalesce-budget", "inf")], "x-coalesce-budget"),
-        ([("x-coalesce-lane", "slow")], "x-coalesce-lane header must be one of auto, realtime"),
+        (
+            [("x-coalesce-lane", "slow")],
+            "x-coalesce-lane header must be one of auto, realtime, flex, batch, got 'slow'",
+        ),
         ([("x-coalesce-partition", " ")], "x-coalesce-partition"),
         ([("x-coalesce", "no")], "'on' or 'off'"),
         ([("x-coalesce-budjet", "1")], "unknown coalesce header 'x-coalesce-budjet'"),
         ([("x-coalesce-lane", "flex"), ("x-coalesce-lane", "batch")], "given twice"),
-        # Not silently answered in real time: refused, saying so.
-        ([("x-coalesce-lane", "batch")], "asks for the batch lane, which coalesce serve does not"),
-        ([("x-coalesce-lane", " Flex ")], "asks for the flex lane.*real time only"),
     ],
 )
 def test_a_bad_control_header_is_refused_by_name(headers: list[tuple[str, str]], says: str) -> None:
@@ -60,10 +67,10 @@ def test_a_bad_control_header_is_refused_by_name(headers: list[tuple[str, str]],
 
 
 def test_the_lane_served_is_the_one_asked_where_offered_else_real_time() -> None:
-    assert served_lane("realtime") == "realtime"
-    for asked in ("auto", "flex", "batch"):
-        assert served_lane(asked) == "realtime"
-    assert served_lane("flex", frozenset({"realtime", "flex"})) == "flex"
+    for asked in ("realtime", "flex", "batch"):
+        assert served_lane(asked) == asked
+    assert served_lane("auto") == "realtime"  # until wrap's reply says which lane answered
+    assert served_lane("batch", frozenset({"realtime", "flex"})) == "realtime"
 
 
 def test_reply_headers_say_what_is_known() -> None:

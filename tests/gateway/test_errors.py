@@ -110,19 +110,11 @@ _ANTHROPIC = {"x-api-key": "sk-team"}
             "x-coalesce-lane",
         ),
         (
-            "/v1/chat/completions",
-            chat_body("x"),
-            {**_OPENAI, "x-coalesce-lane": "batch"},
-            400,
-            "the x-coalesce-lane header asks for the batch lane, which coalesce serve does not"
-            " support yet",
-        ),
-        (
             "/v1/messages",
             messages_body("x"),
             {**_ANTHROPIC, "x-coalesce-lane": "flex"},
             400,
-            "the x-coalesce-lane header asks for the flex lane",
+            "lane='flex' is not offered by this provider",
         ),
         (
             "/v1/chat/completions",

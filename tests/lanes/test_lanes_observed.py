@@ -177,3 +177,31 @@ def test_poll_interval_comes_from_the_functions_options_with_a_default() -> None
     assert _poll_interval(Options()) == POLL_INTERVAL == 60.0
     with pytest.raises(coalesce.ConfigurationError, match="poll_interval"):
         Options(poll_interval=0)
+
+
+async def test_a_function_finishes_only_its_own_jobs_from_a_shared_store(
+    tmp_path: Path,
+) -> None:
+    """Two functions keep their jobs in one store: a job the other one left is not
+    finished (nor its replies validated) by this one; the other finishes it."""
+    sim = SimulatedProvider(batches=TIMING)
+    store = tmp_path / "jobs.sqlite3"
+    left = [f"left {i}" for i in range(3)]
+    theirs = await stopped_after_submitting(sim, store, left)
+
+    async def classify(text: str) -> str:
+        """Classify the text."""
+
+    other = coalesce.prompt(
+        client=sim.openai_client(), model="gpt-4o-mini", store=store,
+        max_items=3, packing="always", lane="batch",
+    )(classify)  # fmt: skip
+    assert await ask_all(other, ["mine"]) == {"mine": expected_output("mine")}
+    await other.aclose()
+    assert other.statistics().adopted_jobs == 0
+    assert [s.batch_id for s in sim.batch_submissions][0] == theirs
+    owner = summariser(sim, store)
+    assert await ask_all(owner, left) == {text: expected_output(text) for text in left}
+    await owner.aclose()
+    assert owner.statistics().adopted_jobs == 1
+    assert owner.statistics().requests == 0  # all three answered from the adopted job

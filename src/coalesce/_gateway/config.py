@@ -20,10 +20,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .._defaults import PROMPT_MAX_ITEMS, PROMPT_MAX_WAIT
+from .._defaults import BATCH_WINDOW, POLL_INTERVAL, PROMPT_MAX_ITEMS, PROMPT_MAX_WAIT
 from .._engine.spec import LANE_CHOICES
 from .._exceptions import ConfigurationError
-from .controls import SERVED_LANES, unserved_lane
 
 __all__ = ["DEFAULTS", "ENV_PREFIX", "GatewayConfig", "build_parser", "load_config"]
 
@@ -44,6 +43,8 @@ DEFAULTS: Mapping[str, Any] = {
     "upstream_timeout": 600.0,
     "max_body_size": 16 * 1024 * 1024,
     "store": None,
+    "batch_window": BATCH_WINDOW,
+    "poll_interval": POLL_INTERVAL,
     "api_keys": (),
     "graceful_timeout": 30.0,
     "log_level": "info",
@@ -64,8 +65,8 @@ class GatewayConfig:
         anthropic_upstream: The Anthropic API's base URL, without ``/v1``.
         budget: Seconds a call may take end to end unless its ``x-coalesce-budget``
             header says otherwise; with a budget, groups are sized against it.
-        lane: The lane of a call without an ``x-coalesce-lane`` header (``auto`` or
-            ``realtime``: flex and batch are not supported yet).
+        lane: The lane of a call without an ``x-coalesce-lane`` header (``auto``,
+            ``realtime``, ``flex`` or ``batch``; see ``docs/lanes.md``).
         max_items: Most calls in one upstream request.
         max_wait: Longest wait for company without a budget, in seconds.
         max_retries: Retries of a failed upstream request inside the gateway (the
@@ -73,9 +74,13 @@ class GatewayConfig:
         upstream_timeout: Longest one upstream request may run, in seconds.
         max_body_size: Largest body of a coalesced call, in bytes (16 MiB); a larger one
             gets a 413. Proxied paths (file uploads) stream their bodies through unread.
-        store: The batch lane's durable job store (a SQLite file). Unused until the
-            gateway supports the batch lane: ``--store`` (or ``store`` in the file) is
-            refused; ``COALESCE_STORE``, the job store of every coalesce process, is not.
+        store: The batch lane's durable job store (a SQLite file; default: the job
+            store of every coalesce process, ``COALESCE_STORE`` or the user data
+            directory). Given, the gateway finishes at startup the jobs an earlier one
+            left there with its own upstream key (``--api-key`` mode).
+        batch_window: Seconds a batch-lane call waits for others before their job is
+            sent (also the flex lane's longest wait for company).
+        poll_interval: The longest wait between two polls of a batch job.
         api_keys: The keys clients must present in ``--api-key`` mode (the gateway
             then sends upstream with ``openai_api_key`` / ``anthropic_api_key``);
             empty: each call's own credential is sent upstream with it.
@@ -97,6 +102,8 @@ class GatewayConfig:
     upstream_timeout: float = DEFAULTS["upstream_timeout"]
     max_body_size: int = DEFAULTS["max_body_size"]
     store: Path | None = DEFAULTS["store"]
+    batch_window: float = DEFAULTS["batch_window"]
+    poll_interval: float = DEFAULTS["poll_interval"]
     api_keys: tuple[str, ...] = field(default=DEFAULTS["api_keys"], repr=False)
     openai_api_key: str | None = field(default=None, repr=False)
     anthropic_api_key: str | None = field(default=None, repr=False)
@@ -110,6 +117,17 @@ class GatewayConfig:
     def holds_keys(self) -> bool:
         """``--api-key`` mode: the gateway checks client keys and holds the upstream ones."""
         return bool(self.api_keys)
+
+    @property
+    def lanes(self) -> dict[str, Any]:
+        """``coalesce.wrap``'s lane keywords for these settings (``lane``, ``store``,
+        ``batch_window``, ``poll_interval``)."""
+        return {
+            "lane": self.lane,
+            "store": self.store,
+            "batch_window": self.batch_window,
+            "poll_interval": self.poll_interval,
+        }
 
     def describe(self) -> str:
         """One line of the settings, secrets left out (the startup log line)."""
@@ -135,8 +153,8 @@ def _check(config: GatewayConfig) -> None:
         raise ConfigurationError(
             f"lane must be one of {', '.join(LANE_CHOICES)}, got {config.lane!r}"
         )
-    if config.lane not in SERVED_LANES:
-        raise ConfigurationError(unserved_lane("the lane setting", config.lane))
+    _positive("batch_window", config.batch_window, zero=True)
+    _positive("poll_interval", config.poll_interval)
     if config.max_body_size < 1:
         raise ConfigurationError(
             f"max_body_size must be a number of bytes >= 1, got {config.max_body_size}"
@@ -183,13 +201,15 @@ def build_parser() -> argparse.ArgumentParser:
     add("--openai-upstream", metavar="URL", help=f"default {DEFAULTS['openai_upstream']}")
     add("--anthropic-upstream", metavar="URL", help=f"default {DEFAULTS['anthropic_upstream']}")
     add("--budget", type=float, metavar="SECONDS", help="default latency budget of a call")
-    add("--lane", choices=LANE_CHOICES, help="default lane of a call: auto or realtime")
+    add("--lane", choices=LANE_CHOICES, help="default lane of a call (default auto)")
     add("--max-items", type=int, help=f"most calls per request (default {DEFAULTS['max_items']})")
     add("--max-wait", type=float, metavar="SECONDS", help="longest wait without a budget")
     add("--max-retries", type=int, help="retries of a failed upstream request (default 0)")
     add("--upstream-timeout", type=float, metavar="SECONDS", help="default 600")
     add("--max-body-size", type=int, metavar="BYTES", help="of a coalesced call (16 MiB)")
-    add("--store", type=Path, metavar="PATH", help="the batch lane's job store (not yet)")
+    add("--store", type=Path, metavar="PATH", help="the batch lane's job store")
+    add("--batch-window", type=float, metavar="SECONDS", help="a batch job's wait (60)")
+    add("--poll-interval", type=float, metavar="SECONDS", help="longest between polls (60)")
     add(
         "--api-key",
         dest="api_keys",
@@ -218,11 +238,6 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) -
     args = vars(build_parser().parse_args(list(argv)))
     path = args.pop("config", None) or env.get(f"{ENV_PREFIX}CONFIG")
     from_file = _from_file(path)
-    if args.get("store") is not None or from_file.get("store") is not None:
-        raise ConfigurationError(
-            "store: coalesce serve does not support the batch lane yet, so it keeps no job"
-            " store; leave out --store (and store in the configuration file)"
-        )
     settings = {**from_file, **_from_env(env)}
     settings.update({name: value for name, value in args.items() if value is not None})
     if settings.get("api_keys"):
@@ -240,6 +255,8 @@ _KINDS: Mapping[str, Any] = {
     "upstream_timeout": float,
     "max_body_size": int,
     "graceful_timeout": float,
+    "batch_window": float,
+    "poll_interval": float,
     "store": Path,
 }
 
@@ -293,7 +310,10 @@ def _build(settings: Mapping[str, Any]) -> GatewayConfig:
     if "api_keys" in values:
         keys = values["api_keys"]
         values["api_keys"] = (keys,) if isinstance(keys, str) else tuple(keys)
-    for name in ("budget", "max_wait", "upstream_timeout", "graceful_timeout"):
+    for name in (
+        "budget", "max_wait", "upstream_timeout", "graceful_timeout", "batch_window",
+        "poll_interval",
+    ):  # fmt: skip
         if isinstance(values.get(name), int):
             values[name] = float(values[name])
     return GatewayConfig(**values)

@@ -25,7 +25,7 @@ from .._observe.events import logger
 from .lines import LineOutcome, as_json, read_anthropic_result
 from .records import BatchJob
 from .results import CREATE_BACKOFF, JobOutcome, Poll, Progress, record_job
-from .resume import Steps, resume_jobs
+from .resume import Owns, Steps, resume_jobs
 from .store import JobStore
 
 __all__ = ["CREATE_ATTEMPTS", "collect", "progress", "resume", "submit", "wait"]
@@ -141,8 +141,13 @@ async def collect(
 
 
 async def resume(
-    store: JobStore, client: Any, validate: Callable[[Any], Any], poll: Poll | None = None
+    store: JobStore,
+    client: Any,
+    validate: Callable[[Any], Any],
+    poll: Poll | None = None,
+    owns: Owns | None = None,
 ) -> dict[str, JobOutcome]:
-    """Finish every unfinished Anthropic job in the store. Per local job id, its outcome."""
+    """Finish every unfinished Anthropic job in the store (those ``owns`` says are the
+    caller's, if given). Per local job id, its outcome."""
     steps = Steps(submit, wait, collect)
-    return await resume_jobs("anthropic", steps, store, client, validate, poll)
+    return await resume_jobs("anthropic", steps, store, client, validate, poll, owns)

@@ -1,5 +1,5 @@
 """The job store's reads of jobs and lines: by id, by provider batch, unfinished, and
-a job's lines and summary."""
+a job's lines, functions and summary."""
 
 from __future__ import annotations
 
@@ -38,6 +38,17 @@ class JobQueries(StoreConnection):
             f"SELECT * FROM jobs WHERE state IN ({among(UNFINISHED_JOB_STATES)})"
             " ORDER BY created_at, rowid"
         )
+
+    def job_functions(self, job_id: str) -> frozenset[str]:
+        """The functions whose items a job's lines carry (the ``function`` of each item)."""
+        with self._read() as cur:
+            rows = cur.execute(
+                "SELECT DISTINCT items.function FROM lines"
+                " JOIN line_items ON line_items.custom_id = lines.custom_id"
+                " JOIN items ON items.key = line_items.item_key WHERE lines.job_id = ?",
+                (job_id,),
+            ).fetchall()
+        return frozenset(str(row[0]) for row in rows)
 
     def _jobs(self, query: str) -> list[BatchJob]:
         with self._read() as cur:

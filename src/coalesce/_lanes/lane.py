@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, Protocol
@@ -35,10 +36,11 @@ from ..providers import CompletionRequest, Usage
 from . import anthropic_jobs, openai_jobs
 from .lines import ANTHROPIC_LIMITS, OPENAI_LIMITS, anthropic_request, chunk, openai_line
 from .records import BatchJob, ItemRow, PlannedLine
-from .results import JobOutcome, Poll, plain_custom_id
+from .results import JobOutcome, LineUsage, Poll, plain_custom_id
+from .resume import Owns
 from .store import JobStore
 
-__all__ = ["BatchLane", "RecordLine", "line_sizes"]
+__all__ = ["BatchLane", "RecordLine", "finish_jobs", "line_sizes"]
 
 
 class RecordLine(Protocol):
@@ -52,6 +54,9 @@ def _log(message: str) -> None:
     """One line about the batch lane on the ``"coalesce"`` logger, at ``INFO``."""
     logger.log(logging.INFO, "%s", message)
 
+
+#: Lines whose usage a lane remembers for its callers' usage shares (the latest).
+_REMEMBERED = 100_000
 
 #: Most lines one window sends, as one job or several (the providers' own caps).
 _MAX_WINDOW_ITEMS = 1_000_000
@@ -76,6 +81,26 @@ def line_sizes(items: int, per_line: int, pays_from: int | None) -> list[int]:
     return [base + 1] * extra + [base] * (lines - extra)
 
 
+async def finish_jobs(
+    provider: Any, store: JobStore, owns: Owns, poll: Poll | None = None
+) -> dict[str, JobOutcome]:
+    """Finish the unfinished jobs of ``store`` that ``owns`` names, through
+    ``provider``'s batch API, whatever function asked them: answers are recorded as
+    their JSON, and each caller's lane validates its own when it reads it (an invalid
+    one is asked again). Per local job id, its outcome."""
+    runner: ModuleType = openai_jobs if provider.batch_api == "openai" else anthropic_jobs
+    outcomes: dict[str, JobOutcome] = await runner.resume(
+        store, provider.client, _as_is, poll, owns
+    )
+    for job_id, outcome in outcomes.items():
+        _log(f"adopted batch job {job_id} {outcome}")
+    return outcomes
+
+
+def _as_is(value: Any) -> Any:
+    return value
+
+
 class BatchLane:
     """The batch lane of the function ``spec`` (see the module doc).
 
@@ -93,6 +118,9 @@ class BatchLane:
         record_line: Records one line's reply in ``recorder`` (see
             :meth:`~coalesce._observe.listeners.StatisticsListener.line_done`); returns
             its cost in dollars (NaN when the model has no price).
+        adopts: Which unfinished jobs of the store it finishes when it opens
+            (default: those carrying only its own function's items, so functions
+            sharing a store never finish, nor validate, each other's jobs).
     """
 
     def __init__(
@@ -107,8 +135,10 @@ class BatchLane:
         pays_from: Callable[[], int | None] = lambda: 2,
         recorder: PromptRecorder | None = None,
         record_line: RecordLine | None = None,
+        adopts: Owns | None = None,
     ) -> None:
         self.spec, self.store, self.per_line = spec, store, per_line
+        self.adopts: Owns = adopts if adopts is not None else self._carries_only_mine
         self.max_attempts, self.poll, self.pays_from = max_attempts, poll, pays_from
         self.recorder, self.record_line = recorder, record_line
         self.kind = str(getattr(spec.provider, "batch_api", ""))
@@ -118,6 +148,8 @@ class BatchLane:
         self.limits = OPENAI_LIMITS if self.kind == "openai" else ANTHROPIC_LIMITS
         self._attaching = anyio.Lock()
         self._attached = False
+        #: The usage of this process's latest lines, by ``custom_id`` (see :meth:`line_of`).
+        self._lines: OrderedDict[str, LineUsage] = OrderedDict()
         self.batcher: Batcher[ItemRow, Any] = Batcher(
             self._run,
             max_wait=window,
@@ -149,6 +181,15 @@ class BatchLane:
             except Exception:  # collected without the output type (``coalesce jobs``)
                 self.store.release(row.key)  # asked again, below
         return await self.batcher(row)
+
+    async def line_of(self, item: Any) -> tuple[LineUsage | None, int]:
+        """The line that answered ``item`` (``None``: an earlier process's, or one this
+        lane no longer remembers) and how many items that line carried (1 if unknown)."""
+        spec = self.spec
+        row = ItemRow.for_call(spec.name, spec.model, spec.instructions, spec.output_schema, item)
+        stored = await anyio.to_thread.run_sync(self.store.get, row.key)
+        line = None if stored is None or stored.line is None else self._lines.get(stored.line)
+        return line, 1 if line is None else line.items
 
     async def aclose(self) -> None:
         """Send the window now and wait for its jobs."""
@@ -182,11 +223,14 @@ class BatchLane:
         async with self._attaching:
             if not self._attached:
                 outcomes = await self.runner.resume(
-                    self.store, self.client, self.spec.validate, self.poll
+                    self.store, self.client, self.spec.validate, self.poll, self.adopts
                 )
                 for job_id, outcome in outcomes.items():
                     await self._account(job_id, outcome, adopted=True)
                 self._attached = True
+
+    def _carries_only_mine(self, job: BatchJob) -> bool:  # in a worker thread
+        return self.store.job_functions(job.id) == {self.spec.name}
 
     async def _finish(self, job: BatchJob, again: bool) -> None:
         """Submit ``job``, wait for it, record its results; with ``again``, items its
@@ -204,7 +248,9 @@ class BatchLane:
         spent = math.nan
         if adopted and self.recorder is not None:
             spent = self.recorder.adopted([line.usage for line in outcome.usage])
-        elif self.record_line is not None:
+        if not adopted:
+            self._remember(outcome.usage)
+        if not adopted and self.record_line is not None:
             record = self.record_line
             spent = sum(
                 (record(n, usage, line=cid, attempt=k) for cid, n, usage, k in outcome.usage), 0.0
@@ -217,6 +263,13 @@ class BatchLane:
             await anyio.to_thread.run_sync(
                 lambda: self.store.finish_job(job_id, outcome.state, cost_usd=spent)  # type: ignore[arg-type]
             )
+
+    def _remember(self, lines: Sequence[LineUsage]) -> None:
+        """Keep the usage of the latest :data:`_REMEMBERED` lines, for :meth:`line_of`."""
+        for line in lines:
+            self._lines[line.custom_id] = line
+        while len(self._lines) > _REMEMBERED:
+            self._lines.popitem(last=False)
 
     async def _pending(self, rows: Sequence[ItemRow]) -> list[ItemRow]:
         """The window's items still needing a job (not done, not failed for good)."""

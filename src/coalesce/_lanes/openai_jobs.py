@@ -36,7 +36,7 @@ from .._observe.events import logger
 from .lines import LineOutcome, jsonl, read_openai_line
 from .records import JOB_METADATA_KEY, BatchJob
 from .results import CREATE_BACKOFF, JobOutcome, Poll, Progress, record_job
-from .resume import Steps, resume_jobs
+from .resume import Owns, Steps, resume_jobs
 from .store import JobStore
 
 __all__ = [
@@ -195,9 +195,14 @@ async def collect(
 
 
 async def resume(
-    store: JobStore, client: Any, validate: Callable[[Any], Any], poll: Poll | None = None
+    store: JobStore,
+    client: Any,
+    validate: Callable[[Any], Any],
+    poll: Poll | None = None,
+    owns: Owns | None = None,
 ) -> dict[str, JobOutcome]:
     """Finish every unfinished OpenAI job in the store: submit what was not submitted,
-    attach to what was, collect the results. Per local job id, its outcome."""
+    attach to what was, collect the results (of the jobs ``owns`` says are the caller's,
+    if given). Per local job id, its outcome."""
     steps = Steps(submit, wait, collect)
-    return await resume_jobs("openai", steps, store, client, validate, poll)
+    return await resume_jobs("openai", steps, store, client, validate, poll, owns)

@@ -13,7 +13,11 @@ from .records import BatchJob, Provider
 from .results import JobOutcome, Poll
 from .store import JobStore
 
-__all__ = ["Steps", "resume_jobs"]
+__all__ = ["Owns", "Steps", "resume_jobs"]
+
+#: Whether a job is the resuming lane's to finish (called in a worker thread: it may
+#: read the store). The drop-in client's lanes each finish only their own jobs.
+Owns = Callable[[BatchJob], bool]
 
 
 class Steps(NamedTuple):
@@ -37,14 +41,18 @@ async def resume_jobs(
     client: Any,
     validate: Callable[[Any], Any],
     poll: Poll | None,
+    owns: Owns | None = None,
 ) -> dict[str, JobOutcome]:
-    """Finish every unfinished job of ``provider`` in the store, one after another;
-    per local job id, its outcome."""
-    jobs = await anyio.to_thread.run_sync(store.unfinished_jobs)
+    """Finish every unfinished job of ``provider`` in the store (those ``owns`` says are
+    this caller's, if given), one after another; per local job id, its outcome."""
+
+    def unfinished() -> list[BatchJob]:
+        jobs = [job for job in store.unfinished_jobs() if job.provider == provider]
+        return jobs if owns is None else [job for job in jobs if owns(job)]
+
+    jobs = await anyio.to_thread.run_sync(unfinished)
     outcomes: dict[str, JobOutcome] = {}
     for job in jobs:
-        if job.provider != provider:
-            continue
         batch_id = await steps.submit(store, client, job, poll)
         batch = await steps.wait(client, batch_id, poll)
         outcomes[job.id] = await steps.collect(store, client, job, batch, validate)

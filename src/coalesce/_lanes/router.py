@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import anyio
 
-from .._calls import Carried, Job
+from .._calls import Carried, GroupObserver, Job
 from .._engine.engine import Engine
 from .._engine.spec import FunctionSpec, Options
 from .._exceptions import ConfigurationError
@@ -34,9 +34,18 @@ from .choose import Lane, LaneTimes, check_lane, choose_lane, flex_again
 from .flex import FLEX_TIMEOUT, FlexProvider, flex_backoff, flex_refused, flex_unsupported
 from .lane import BatchLane
 from .results import Poll
+from .resume import Owns
 from .store import JobStore
 
-__all__ = ["LaneRouter", "offered_lanes"]
+__all__ = ["LaneRouter", "OnJob", "lanes_of", "offered_lanes"]
+
+#: Told each job made for one call and the lane it goes through (``"flex"``, or
+#: ``"realtime"`` after flex refused it): the drop-in client charges usage by job.
+OnJob = Callable[[Job, str], object]
+
+
+def _untold(job: Job, lane: str) -> None:
+    """No one listens for a call's jobs."""
 
 
 class LaneRouter:
@@ -50,39 +59,71 @@ class LaneRouter:
             ``batch_client=`` is not a client of the function's provider.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, observers: Sequence[GroupObserver] = ()) -> None:
         self.engine = engine
         self.deferred = _deferred(engine.spec, engine.options.batch_client)
-        self.lanes = offered_lanes(self.deferred)
+        self.offered = self.lanes = offered_lanes(self.deferred)
         check_lane(engine.options.lane, self.lanes)
         self.times = LaneTimes(collect=engine.options.batch_window)
+        self.observers = observers
         self._flex: Engine | None = None
-        self._batch: BatchLane | None = None
+        self._batches: dict[str | None, BatchLane] = {}
+
+    def lane_for(self, asked: str | None, budget: float | None) -> Lane:
+        """The lane of a call asking for ``asked`` (``None``: the function's ``lane=``)
+        with ``budget`` (its own, or ``None``: the engine's).
+
+        Raises:
+            ConfigurationError: ``asked`` names no lane, or one the provider lacks.
+        """
+        lane = self.engine.options.lane if asked is None else check_lane(asked, self.offered)
+        if lane == "realtime":
+            return Lane.REALTIME
+        chosen = choose_lane(lane, self.engine.budget_of(budget), self.lanes, self.times)
+        return Lane.REALTIME if chosen not in self.lanes else chosen
 
     async def submit(
-        self, item: Any, *, budget: float | None = None, partition: Hashable = None
+        self,
+        item: Any,
+        *,
+        budget: float | None = None,
+        partition: Hashable = None,
+        lane: str | None = None,
     ) -> Any:
-        """One call: ``item``'s own validated output, from the lane its budget allows."""
-        engine = self.engine
-        if engine.options.lane == "realtime":
-            return await engine.submit(item, budget=budget, partition=partition)
-        budget = engine.budget_of(budget)
-        lane = choose_lane(engine.options.lane, budget, self.lanes, self.times)
-        if lane is Lane.BATCH:
+        """One call: ``item``'s own validated output, from the lane its budget allows
+        (``lane``: the lane it asks for, else the function's ``lane=``)."""
+        chosen = self.lane_for(lane, budget)
+        if chosen is Lane.BATCH:
             return await self.batch_lane().submit(item)
-        if lane is Lane.FLEX and Lane.FLEX in self.lanes:
-            flex = self.flex_lane()
-            job = flex.new_job(item, budget=budget, partition=partition)
-            return await engine.answer(
-                job, ask=lambda carried: self._flex_first(flex, job, carried)
-            )
-        return await engine.submit(item, budget=budget, partition=partition)
+        if chosen is Lane.FLEX:
+            return await self.flex(item, budget=budget, partition=partition)
+        return await self.engine.submit(item, budget=budget, partition=partition)
 
-    async def _flex_first(self, flex: Engine, job: Job, carried: Carried) -> Any:
+    async def flex(
+        self,
+        item: Any,
+        *,
+        budget: float | None = None,
+        partition: Hashable = None,
+        on_job: OnJob | None = None,
+    ) -> Any:
+        """``item``'s own validated output through the flex lane, or real time where flex
+        refuses it (see the module doc). ``on_job`` is told each job made for the call
+        and its lane, in order: the last one is the one that answered."""
+        engine, flex = self.engine, self.flex_lane()
+        job = flex.new_job(item, budget=engine.budget_of(budget), partition=partition)
+        told = on_job or _untold
+        told(job, "flex")
+        return await engine.answer(
+            job, ask=lambda carried: self._flex_first(flex, job, carried, told)
+        )
+
+    async def _flex_first(self, flex: Engine, job: Job, carried: Carried, told: OnJob) -> Any:
         """``job`` through flex processing. A refusal for capacity is asked in flex
         again after a backoff while the call's budget allows flex; then (or at once for
         a model without flex) the call goes to real time with what is left of its
-        budget. ``carried`` learns the requests of every lane and the one that answered."""
+        budget. ``carried`` learns the requests of every lane and the one that answered;
+        ``told`` each new job."""
         carried.lane = "flex"
         refusals, deadline = 0, job.deadline
         while True:
@@ -102,15 +143,19 @@ class LaneRouter:
             self.engine.recorder.flex_retried()
             await anyio.sleep(delay)
             job = flex.new_job(job.item, budget=_budget(deadline), partition=job.partition)
-        return await self._realtime_after_flex(job, carried, left)
+            told(job, "flex")
+        return await self._realtime_after_flex(job, carried, left, told)
 
-    async def _realtime_after_flex(self, job: Job, carried: Carried, left: float) -> Any:
+    async def _realtime_after_flex(
+        self, job: Job, carried: Carried, left: float, told: OnJob
+    ) -> Any:
         """``job``, which flex refused, asked in real time with ``left`` seconds."""
         engine = self.engine
         engine.recorder.fell_back()
         again = engine.new_job(
             job.item, budget=left if math.isfinite(left) else None, partition=job.partition
         )
+        told(again, "realtime")
         carried.lane = "realtime"
         return await engine.ask(again, carried)
 
@@ -130,18 +175,33 @@ class LaneRouter:
                 timeout=options.timeout or FLEX_TIMEOUT,
             )
             recorder = self.engine.recorder
-            self._flex = Engine(flex_spec, flex_options, recorder=recorder, lane="flex")
+            self._flex = Engine(
+                flex_spec, flex_options, recorder=recorder, observers=self.observers, lane="flex"
+            )
         return self._flex
 
-    def batch_lane(self) -> BatchLane:
-        """The function's batch lane, opened (and its store) on first use."""
-        if self._batch is None:
+    def batch_lane(
+        self, name: str | None = None, adopts: Owns | None = None, store: JobStore | None = None
+    ) -> BatchLane:
+        """The function's batch lane, opened (and its store) on first use.
+
+        Args:
+            name: A lane of its own under this name instead (the drop-in client keeps
+                one per partition and credential): its items are keyed by this name, so
+                they are apart from every other lane's in the store.
+            adopts: The unfinished jobs of the store that lane finishes when it opens
+                (``None``: those carrying only its own items).
+            store: The store, open (default: the ``store=`` option's, opened now).
+        """
+        lane = self._batches.get(name)
+        if lane is None:
             engine, options = self.engine, self.engine.options
-            given = options.store
+            given = options.store if store is None else store
             store = given if isinstance(given, JobStore) else JobStore(given)
             lines = StatisticsListener(engine.recorder, engine.footprint, lane="batch")
-            self._batch = BatchLane(
-                self.deferred,
+            spec = self.deferred if name is None else dataclasses.replace(self.deferred, name=name)
+            lane = self._batches[name] = BatchLane(
+                spec,
                 store,
                 window=options.batch_window,
                 per_line=options.max_items,
@@ -150,16 +210,17 @@ class LaneRouter:
                 poll=Poll.every(_poll_interval(options)),
                 recorder=engine.recorder,
                 record_line=lines.line_done,
+                adopts=adopts,
             )
-        return self._batch
+        return lane
 
     async def aclose(self) -> None:
         """Close every lane opened: send what waits, wait for it, refuse new calls."""
         await self.engine.aclose()
         if self._flex is not None:
             await self._flex.aclose()
-        if self._batch is not None:
-            await self._batch.aclose()
+        for lane in list(self._batches.values()):
+            await lane.aclose()
 
 
 def _budget(deadline: float) -> float | None:
@@ -194,7 +255,12 @@ def _deferred(spec: FunctionSpec, client: Any) -> FunctionSpec:
 def offered_lanes(spec: FunctionSpec) -> frozenset[Lane]:
     """Real time always; the batch lane where the provider has a batch API; flex on
     OpenAI's (a model without flex refuses it, and its calls then stay in real time)."""
-    api = getattr(spec.provider, "batch_api", None)
+    return lanes_of(spec.provider)
+
+
+def lanes_of(provider: Any) -> frozenset[Lane]:
+    """The lanes ``provider`` offers (see :func:`offered_lanes`)."""
+    api = getattr(provider, "batch_api", None)
     if api == "openai":
         return frozenset(Lane)
     if api == "anthropic":

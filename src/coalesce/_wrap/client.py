@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast
@@ -30,15 +31,18 @@ import anyio
 import pydantic_core
 
 from .._defaults import (
+    BATCH_WINDOW,
     MAX_ATTEMPTS,
     MIN_AGREEMENT,
     PACKING,
+    POLL_INTERVAL,
     PROMPT_MAX_ITEMS,
     PROMPT_MAX_WAIT,
     SHADOW,
 )
-from .._engine.spec import Options
+from .._engine.spec import Lane, LaneChoice, Options
 from .._exceptions import ConfigurationError, InvalidInputError
+from .._lanes.store import JobStore
 from .._observe.recorder import EventHook, PromptStatistics
 from .._planning.latency import LatencyPrior
 from .._pricing import Price
@@ -48,7 +52,7 @@ from ..providers._client import as_provider, retries_for
 from .call import SdkCall, given_arguments
 from .credentials import credentials_key
 from .engines import Answered, Engines
-from .headers import CallHeaders, coalesce_headers
+from .headers import LANE_HEADER, CallHeaders, coalesce_headers
 from .partition import Partition, PartitionFunction, partition_function, partition_key
 from .proxy import Replace, coalesced_copy, replace_methods
 from .raw import call_limit, raw_mode, raw_response, timeout_error
@@ -107,6 +111,7 @@ class _Call:
     call: SdkCall
     headers: CallHeaders
     limit: float | None
+    lane: Lane = Lane.REALTIME
 
 
 class CoalescedClient:
@@ -155,7 +160,7 @@ class CoalescedClient:
         reply = read.translator.reply(answer, read.given)
         if mode is None or read.endpoint is None:
             return reply
-        return raw_response(
+        raw = raw_response(
             self,
             self._coalesce.sdk,
             mode,
@@ -167,6 +172,8 @@ class CoalescedClient:
             reply_id=answer.share.reply.get("id"),
             group_size=answer.company,
         )
+        raw.http_response.headers[LANE_HEADER] = answer.lane  # the lane that answered it
+        return raw
 
     def _read(
         self,
@@ -186,17 +193,19 @@ class CoalescedClient:
         endpoint = endpoint_of(self._coalesce.sdk, path)
         if call is None or (raw and endpoint is None):
             return None
-        if self._engines.engine(call, self._coalesce.sender).pays_from is None:
-            return None
+        sender = self._coalesce.sender
+        lane = self._engines.lane_of(call, sender, headers.lane, headers.budget)
+        if lane is Lane.REALTIME and self._engines.engine(call, sender).pays_from is None:
+            return None  # the deferred lanes pay with plain requests too: half the price
         limit = call_limit(given, call.timeout, getattr(self, "timeout", None))
-        return _Call(translator, endpoint, given, call, headers, limit)
+        return _Call(translator, endpoint, given, call, headers, limit, lane)
 
     async def _answer(self, read: _Call, key: Any) -> Answered:
         """The engine's answer to ``read``, within the caller's own time limit."""
         with anyio.move_on_after(read.limit):
             try:
                 return await self._engines.answer(
-                    read.call, read.headers.budget, key, self._coalesce.sender
+                    read.call, read.headers.budget, key, self._coalesce.sender, read.lane
                 )
             except Exception as exc:
                 error = read.translator.error(exc, read.given)
@@ -309,6 +318,10 @@ _OPTION_NAMES = (
     "latency_prior",
     "prices",
     "on_event",
+    "lane",
+    "store",
+    "batch_window",
+    "poll_interval",
 )
 
 
@@ -316,9 +329,7 @@ def _options(client: Any, given: Mapping[str, Any]) -> Options:
     """``wrap()``'s keywords as checked :class:`Options` (retries: see
     :func:`~coalesce.providers._client.retries_for`)."""
     retries = retries_for(client, given["max_retries"])
-    return Options(
-        **{name: given[name] for name in _OPTION_NAMES}, max_retries=retries, lane="realtime"
-    )
+    return Options(**{name: given[name] for name in _OPTION_NAMES}, max_retries=retries)
 
 
 def wrap(
@@ -344,11 +355,13 @@ def wrap(
     agree: Callable[[Any, Any], bool] | None = None,
     screen: bool | Callable[[Any], bool] = True,
     vote: bool = False,
+    lane: LaneChoice = "realtime",
+    store: str | os.PathLike[str] | JobStore | None = None,
+    batch_window: float = BATCH_WINDOW,
+    poll_interval: float = POLL_INTERVAL,
 ) -> C:
-    """Wrap an ``openai.AsyncOpenAI`` or ``anthropic.AsyncAnthropic`` so compatible calls coalesce.
-
-    The result is an instance of the client's class and of :class:`CoalescedClient`; a
-    sync ``OpenAI``/``Anthropic`` client's calls block, served on one background loop.
+    """Wrap an ``openai.AsyncOpenAI`` or ``anthropic.AsyncAnthropic`` so compatible calls coalesce
+    (a sync ``OpenAI``/``Anthropic`` client's calls block, served on one background loop).
 
     Args:
         client: The SDK client. (``max_wait``: longest wait for company, 0.05 s.)
@@ -369,21 +382,29 @@ def wrap(
         shadow: (and ``min_agreement``, ``agree``, ``screen``, ``vote``) Share of packed
             items also asked alone (0.01 where learned); the cap's agreement (0.9); equality;
             items reading like instructions go alone (True); ask in two orders (False).
+        lane: (and ``store``, ``batch_window``, ``poll_interval``) A call's lane unless its
+            ``x-coalesce-lane`` header says (docs/lanes.md); the batch lane's job store.
 
-    Raises ``ConfigurationError`` for a client that is not OpenAI's or Anthropic's (or is
-    already wrapped), or an option out of range.
+    Raises ``ConfigurationError`` for a client not OpenAI's or Anthropic's (or wrapped), a bad option.
     """
-    twin = async_twin(client)
-    if twin is not None:  # a blocking openai.OpenAI / anthropic.Anthropic
+    if async_twin(client) is not None:  # a blocking openai.OpenAI / anthropic.Anthropic
         return cast(C, _blocking(dict(locals())))
+    return cast(C, _wrapped(client, locals(), partition_function(partition)))  # warns here
+
+
+def _wrapped(
+    client: Any, given: Mapping[str, Any], partition: PartitionFunction | None
+) -> CoalescedClient:
+    """``wrap()`` of an async SDK client, with ``given``, its keywords, and ``partition``."""
     provider, kind = _kind(client)
-    options = _options(client, locals())
-    by = Wrapping(kind, client, partition_function(partition), credentials_key(client))
-    return cast(C, _coalesced(client, Engines(provider, options), by))
+    engines = Engines(provider, _options(client, given))
+    engines.adopt()  # with store= inside a running loop: the jobs an earlier process left
+    by = Wrapping(kind, client, partition, credentials_key(client))
+    return _coalesced(client, engines, by)
 
 
 def _blocking(given: dict[str, Any]) -> Any:
     """``wrap()`` of a synchronous SDK client: its async twin wrapped with the same
     options, the calls of every thread served on the process's background loop."""
-    client, twin = given.pop("client"), given.pop("twin")
-    return sync_coalesced(client, wrap(twin, **given))
+    client = given.pop("client")
+    return sync_coalesced(client, wrap(async_twin(client), **given))

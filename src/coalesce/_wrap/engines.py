@@ -7,23 +7,47 @@ usage shares are charged by one :class:`~coalesce._observe.listeners.UsageShares
 listener. A copy of the wrapped client with other credentials or another base URL
 (:func:`~.credentials.credentials_key`) sends through a provider of its own
 (:meth:`Engines.add_sender`); its statistics are the same recorders'.
+
+Each engine has a :class:`~coalesce._lanes.router.LaneRouter` in front of it: a call
+goes in real time, through flex or through the batch lane, as its ``x-coalesce-lane``
+header (else ``wrap(lane=...)``) and its budget say. The batch lane keeps a lane of its
+own per kind of call, credentials and partition (:func:`batch_name`), so that items of
+different callers never share a line, nor an answer in the job store; each lane finishes
+only its own jobs an earlier process left. With ``wrap(store=...)`` given, the jobs of
+the client's own credentials an earlier process left are finished as soon as the
+client is made inside a running loop (:meth:`Engines.adopt`): that is how a restarted
+``coalesce serve`` attaches to them.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
+
+from .._batching.runtime import running_owner, spawn_task
+from .._calls import Job
 from .._engine.engine import Engine
-from .._engine.spec import FunctionSpec, Options
-from .._observe.listeners import UsageShares
+from .._engine.spec import FunctionSpec, Lane, Options
+from .._lanes.choose import check_lane
+from .._lanes.lane import BatchLane, finish_jobs
+from .._lanes.records import BatchJob
+from .._lanes.results import Poll
+from .._lanes.router import LaneRouter, lanes_of
+from .._lanes.store import JobStore
+from .._observe.events import logger
+from .._observe.listeners import UsageShare, UsageShares
 from .._observe.recorder import PromptRecorder, PromptStatistics
 from ..providers import Provider
 from .call import SdkCall
 from .translator import Answer
 
-__all__ = ["Answered", "Engines"]
+__all__ = ["Answered", "Engines", "batch_name"]
 
 
 @dataclass(frozen=True)
@@ -33,9 +57,25 @@ class Answered(Answer):
 
     Attributes:
         company: Calls in the last request that carried it (1: it went alone).
+        lane: The lane that answered it (``"realtime"``, ``"flex"`` or ``"batch"``).
     """
 
     company: int = 1
+    lane: str = "realtime"
+
+
+def batch_name(call: SdkCall, sender: str | None, partition: Hashable) -> str:
+    """The name of the batch lane of calls like ``call`` from ``sender`` in
+    ``partition``: ``wrap:MODEL:DIGEST``, with ``@SENDER`` after it for a copy with
+    other credentials (the store keys items by it; nothing secret is in it)."""
+    scope = json.dumps([call.key, sender, repr(partition)], sort_keys=True)
+    digest = hashlib.sha256(scope.encode()).hexdigest()[:16]
+    return f"wrap:{call.model}:{digest}" + (f"@{sender[:16]}" if sender else "")
+
+
+def _root_job(functions: frozenset[str]) -> bool:
+    """Whether a job's items are all the drop-in client's, sent with its own credentials."""
+    return bool(functions) and all(f.startswith("wrap:") and "@" not in f for f in functions)
 
 
 def _validator(schema: Mapping[str, Any] | None) -> Callable[[Any], Any]:
@@ -59,15 +99,23 @@ def _validator(schema: Mapping[str, Any] | None) -> Callable[[Any], Any]:
 
 
 class Engines:
-    """One engine per kind of call; one recorder per model; usage shares for all."""
+    """One engine (and its lane router) per kind of call; one recorder per model; usage
+    shares for all; the job store of the batch lanes, opened on first use."""
 
     def __init__(self, provider: Provider, options: Options) -> None:
+        check_lane(options.lane, lanes_of(provider))
         self._provider = provider
         self._options = options
-        self._engines: dict[str, Engine] = {}
+        self._routers: dict[str, LaneRouter] = {}
         self._recorders: dict[str, PromptRecorder] = {}
         self._shares = UsageShares()
         self._senders: dict[str, Provider] = {}
+        self._store: JobStore | None = None
+        #: The jobs :meth:`adopt` finishes (the batch lanes leave them to it).
+        self._adopting: set[str] = set()
+        #: The adoption's scope and end, once started (made where a loop runs).
+        self._stopping: anyio.CancelScope | None = None
+        self._adopted: anyio.Event | None = None
 
     def add_sender(self, sender: str, provider: Callable[[], Provider]) -> None:
         """Send the calls of ``sender`` (a :func:`~.credentials.credentials_key`) through
@@ -83,9 +131,13 @@ class Engines:
     def engine(self, call: SdkCall, sender: str | None = None) -> Engine:
         """The engine serving calls like ``call`` sent by ``sender`` (``None``: the
         wrapped client itself, or a copy with its credentials)."""
+        return self.router(call, sender).engine
+
+    def router(self, call: SdkCall, sender: str | None = None) -> LaneRouter:
+        """The lane router in front of :meth:`engine`."""
         key = call.key if sender is None else f"{sender}:{call.key}"
-        engine = self._engines.get(key)
-        if engine is None:
+        router = self._routers.get(key)
+        if router is None:
             spec = FunctionSpec(
                 name=f"wrap:{call.model}",
                 provider=self._provider if sender is None else self._senders[sender],
@@ -99,8 +151,19 @@ class Engines:
             engine = Engine(
                 spec, self._options_for(call), recorder=recorder, observers=[self._shares]
             )
-            self._engines[key] = engine
-        return engine
+            router = self._routers[key] = LaneRouter(engine, observers=[self._shares])
+        return router
+
+    def lane_of(
+        self, call: SdkCall, sender: str | None, asked: str | None, budget: float | None
+    ) -> Lane:
+        """The lane of ``call`` asking for ``asked`` (its header; ``None``: ``wrap``'s
+        ``lane=``) with ``budget``.
+
+        Raises:
+            ConfigurationError: ``asked`` is a lane the provider does not offer.
+        """
+        return self.router(call, sender).lane_for(asked, budget)
 
     def _options_for(self, call: SdkCall) -> Options:
         # Each call's own cap times max_items (4 while the cap is learned): the planner and
@@ -135,28 +198,112 @@ class Engines:
         budget: float | None = None,
         partition: Hashable = None,
         sender: str | None = None,
+        lane: Lane = Lane.REALTIME,
     ) -> Answered:
         """Await ``call``'s own answer, with its usage share, the reply that carried it
-        (the share's ``finished`` event is set once it is final) and how many calls
-        that reply answered.
+        (the share's ``finished`` event is set once it is final), how many calls that
+        reply answered and the lane that answered it.
 
         Args:
             call: The call, as its translator read it.
             budget: Seconds this call may wait (its ``x-coalesce-budget`` header).
             partition: Calls of different partitions never share a request.
             sender: Whose credentials the call is sent with (see :meth:`engine`).
+            lane: Its lane (see :meth:`lane_of`).
         """
-        engine = self.engine(call, sender)
-        job = engine.new_job(call.item, budget=budget, partition=partition)
-        share = self._shares.track(job)
+        router = self.router(call, sender)
+        if lane is Lane.BATCH:
+            return await self._batch(router, call, sender, partition)
+        jobs: list[tuple[Job, str, UsageShare]] = []
+
+        def told(job: Job, lane: str) -> None:
+            jobs.append((job, lane, self._shares.track(job)))
+
         try:
-            value = await engine.answer(job)
+            if lane is Lane.FLEX:
+                value = await router.flex(
+                    call.item, budget=budget, partition=partition, on_job=told
+                )
+            else:
+                job = router.engine.new_job(call.item, budget=budget, partition=partition)
+                told(job, "realtime")
+                value = await router.engine.answer(job)
         except BaseException:
-            self._shares.forget(job)
+            for job, _, _ in jobs:
+                self._shares.forget(job)
             raise
-        return Answered(value, call, share, company=max(job.company, 1))
+        for job, _, _ in jobs[:-1]:
+            self._shares.forget(job)  # refused by flex: its requests were not billed
+        job, answered_by, share = jobs[-1]
+        return Answered(value, call, share, company=max(job.company, 1), lane=answered_by)
+
+    async def _batch(
+        self, router: LaneRouter, call: SdkCall, sender: str | None, partition: Hashable
+    ) -> Answered:
+        """``call`` through its batch lane (see :func:`batch_name`); its usage share is
+        an even split of its line's usage (none for an answer an earlier process got)."""
+        name = batch_name(call, sender, partition)
+
+        def owns(job: BatchJob) -> bool:
+            store = self.store()
+            return job.id not in self._adopting and store.job_functions(job.id) == {name}
+
+        lane: BatchLane = router.batch_lane(name, owns, self.store())
+        value = await lane.submit(call.item)
+        line, company = await lane.line_of(call.item)
+        share = UsageShare()
+        if line is not None:
+            share.prompt_tokens = round(line.usage.input_tokens / line.items)
+            share.completion_tokens = round(line.usage.output_tokens / line.items)
+            share.reply, share.reply_id = {"id": line.custom_id}, "batch"
+        share.finished.set()
+        return Answered(value, call, share, company=company, lane="batch")
+
+    def store(self) -> JobStore:
+        """The batch lanes' job store (``wrap(store=...)``), opened on first use."""
+        if self._store is None:
+            given = self._options.store
+            self._store = given if isinstance(given, JobStore) else JobStore(given)
+        return self._store
+
+    def adopt(self) -> None:
+        """Finish, in the background, the jobs an earlier process left in the store that
+        the wrapped client's own credentials sent (see the module doc). Called where a
+        loop runs and ``store=`` was given; the batch lanes leave these jobs to it."""
+        if running_owner() is None or self._options.store is None:
+            return
+        store = self.store()
+        jobs = [job.id for job in store.unfinished_jobs() if _root_job(store.job_functions(job.id))]
+        if jobs:
+            self._adopting.update(jobs)
+            self._stopping, self._adopted = scope, done = anyio.CancelScope(), anyio.Event()
+            spawn_task(self._adopt, frozenset(jobs), scope, done)
+
+    async def _adopt(
+        self, jobs: frozenset[str], scope: anyio.CancelScope, done: anyio.Event
+    ) -> None:
+        poll = Poll.every(float(self._options.poll_interval))
+        with scope:
+            try:
+                await finish_jobs(self._provider, self.store(), lambda job: job.id in jobs, poll)
+            except Exception as exc:  # told, not raised: there is no caller to tell
+                logger.log(
+                    logging.WARNING,
+                    "coalesce: the batch jobs an earlier process left could not be finished"
+                    " (%r); they are left unfinished in the store for the next start",
+                    exc,
+                )
+            finally:
+                self._adopting.difference_update(jobs)
+                done.set()
 
     async def aclose(self) -> None:
-        """Close every engine: pending calls are sent now and awaited."""
-        for engine in list(self._engines.values()):
-            await engine.aclose()
+        """Close every engine and lane: pending calls are sent now and awaited; jobs
+        still being adopted are left to the next process."""
+        if self._stopping is not None and self._adopted is not None:
+            self._stopping.cancel()
+            await self._adopted.wait()
+        for router in list(self._routers.values()):
+            await router.aclose()
+        if self._store is not None and self._store is not self._options.store:
+            self._store.close()

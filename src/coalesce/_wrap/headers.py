@@ -2,7 +2,8 @@
 
 A caller steers one call through ``extra_headers``: ``x-coalesce: off`` sends it
 alone, untouched; ``x-coalesce-budget`` gives it a budget; ``x-coalesce-partition``
-names its partition. They are removed before anything is sent.
+names its partition; ``x-coalesce-lane`` its lane (``auto``, ``realtime``, ``flex``,
+``batch``). They are removed before anything is sent.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .._engine.spec import LANE_CHOICES
 from .._exceptions import ConfigurationError
 from .call import given_arguments
 
 __all__ = [
     "BUDGET_HEADER",
     "HEADERS",
+    "LANE_HEADER",
     "PARTITION_HEADER",
     "SWITCH_HEADER",
     "CallHeaders",
@@ -31,8 +34,10 @@ BUDGET_HEADER = "x-coalesce-budget"
 #: ``extra_headers={"x-coalesce-partition": "tenant-42"}``: calls with different values
 #: never share a prompt.
 PARTITION_HEADER = "x-coalesce-partition"
+#: ``extra_headers={"x-coalesce-lane": "batch"}``: that call's lane (see docs/lanes.md).
+LANE_HEADER = "x-coalesce-lane"
 #: Every header coalesce reads (and removes before the call is sent).
-HEADERS = (SWITCH_HEADER, BUDGET_HEADER, PARTITION_HEADER)
+HEADERS = (SWITCH_HEADER, BUDGET_HEADER, PARTITION_HEADER, LANE_HEADER)
 
 
 @dataclass(frozen=True)
@@ -44,11 +49,14 @@ class CallHeaders:
         budget: Seconds the call may wait (``x-coalesce-budget``), if given.
         partition: The call's partition (``x-coalesce-partition``), if given: calls
             with different partitions never share a prompt.
+        lane: The lane it asked for (``x-coalesce-lane``), if given: one of
+            :data:`~coalesce._engine.spec.LANE_CHOICES`.
     """
 
     coalesce: bool = True
     budget: float | None = None
     partition: str | None = None
+    lane: str | None = None
 
 
 def coalesce_headers(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], CallHeaders]:
@@ -99,6 +107,7 @@ def _read_headers(ours: Mapping[str, Any]) -> CallHeaders:
         coalesce=_switch(found.get(SWITCH_HEADER)),
         budget=_seconds(found.get(BUDGET_HEADER)),
         partition=_partition(found.get(PARTITION_HEADER)),
+        lane=_lane(found.get(LANE_HEADER)),
     )
 
 
@@ -139,3 +148,14 @@ def _partition(value: Any) -> str | None:
             f" partition (a tenant, a user, a trust level), got {value!r}"
         )
     return value
+
+
+def _lane(value: Any) -> str | None:
+    if value is None:
+        return None
+    word = value.strip().lower() if isinstance(value, str) else None
+    if word not in LANE_CHOICES:
+        raise ConfigurationError(
+            f"the {LANE_HEADER} header must be one of {', '.join(LANE_CHOICES)}, got {value!r}"
+        )
+    return word
