@@ -121,6 +121,9 @@ class BatchLane:
         adopts: Which unfinished jobs of the store it finishes when it opens
             (default: those carrying only its own function's items, so functions
             sharing a store never finish, nor validate, each other's jobs).
+        screen: Whether an item must be asked alone (the function's ``screen=``): such
+            an item gets a line of its own, as in real time it gets a request of its
+            own. A screen that raises sends its item alone too.
     """
 
     def __init__(
@@ -136,11 +139,12 @@ class BatchLane:
         recorder: PromptRecorder | None = None,
         record_line: RecordLine | None = None,
         adopts: Owns | None = None,
+        screen: Callable[[Any], bool] | None = None,
     ) -> None:
         self.spec, self.store, self.per_line = spec, store, per_line
         self.adopts: Owns = adopts if adopts is not None else self._carries_only_mine
         self.max_attempts, self.poll, self.pays_from = max_attempts, poll, pays_from
-        self.recorder, self.record_line = recorder, record_line
+        self.recorder, self.record_line, self.screen = recorder, record_line, screen
         self.kind = str(getattr(spec.provider, "batch_api", ""))
         self.client: Any = getattr(spec.provider, "client", None)
         self.runner: ModuleType = openai_jobs if self.kind == "openai" else anthropic_jobs
@@ -279,8 +283,12 @@ class BatchLane:
         return [row for row in {row.key: row for row in rows}.values() if row.key in waiting]
 
     def _plan(self, rows: Sequence[ItemRow]) -> list[BatchJob]:  # in a worker thread
-        """Write the job(s) asking for ``rows``, packed as :func:`line_sizes` says."""
-        lines, start = [], 0
+        """Write the job(s) asking for ``rows``, packed as :func:`line_sizes` says (an
+        item the screen flags on a line of its own)."""
+        flags = [self._alone(row) for row in rows]
+        alone = [row for row, flagged in zip(rows, flags, strict=True) if flagged]
+        rows = [row for row, flagged in zip(rows, flags, strict=True) if not flagged]
+        lines, start = [self._line([row]) for row in alone], 0
         for size in line_sizes(len(rows), self.per_line, self.pays_from()):
             lines.append(self._line(rows[start : start + size]))
             start += size
@@ -295,6 +303,14 @@ class BatchLane:
             )
             jobs.append(job)
         return jobs
+
+    def _alone(self, row: ItemRow) -> bool:
+        if self.screen is None:
+            return False
+        try:
+            return bool(self.screen(row.input))
+        except Exception:  # the real-time call fails alone; here it is asked alone
+            return True
 
     def _line(self, rows: Sequence[ItemRow]) -> PlannedLine:
         spec, structured = self.spec, self.spec.provider.structured

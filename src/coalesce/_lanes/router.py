@@ -211,6 +211,7 @@ class LaneRouter:
                 recorder=engine.recorder,
                 record_line=lines.line_done,
                 adopts=adopts,
+                screen=engine.screen,
             )
         return lane
 
