@@ -19,7 +19,7 @@ latency as each client measured it, the share of calls within the budget, and er
 **Overhead.** The gateway with coalescing off (``--max-items 1``: every call goes
 upstream alone) against the same calls sent straight to the simulator, which answers
 after a fixed 10 ms (``--overhead-ttft``) so that the difference is the gateway's:
-Poisson calls at 200/s from 2 client processes (raw ``httpx``, one kept-alive
+Poisson calls at 200/s from 2 client processes (raw ``aiohttp``, one kept-alive
 connection pool each), the added p50 and p99; then 500 calls/s with the gateway's
 process pinned to one core (``sched_setaffinity``), the rate achieved and the errors.
 
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import multiprocessing as mp
 import os
@@ -72,7 +73,7 @@ class Work:
 
     Attributes:
         mode: ``"sdk"`` (the openai SDK's ``parse``), ``"wrap"`` (the same through
-            ``coalesce.wrap``) or ``"http"`` (raw ``httpx`` posts of the same body).
+            ``coalesce.wrap``) or ``"http"`` (raw ``aiohttp`` posts of the same body).
         url: The OpenAI base URL (``.../v1``) it sends to.
         texts: Its tickets, one per call.
         arrivals: When each call starts, in seconds after the shared start.
@@ -140,20 +141,26 @@ def _sdk_call(work: Work) -> Any:
 
 
 def _http_call(work: Work) -> Any:
-    """One call of ``work``'s client: a raw ``httpx`` post of the SDK's body."""
-    client = httpx.AsyncClient(
-        base_url=work.url,
-        headers={"authorization": "Bearer sk-bench"},
-        timeout=30.0,
-        limits=httpx.Limits(max_connections=200, max_keepalive_connections=200),
+    """One call of ``work``'s client: a raw ``aiohttp`` post of the SDK's body, on one
+    kept-alive connection pool. aiohttp, not httpx: at 250 calls/s a client process on
+    httpx takes most of a core (its pool rescans every connection for each request),
+    CPU the gateway it measures would not have."""
+    import aiohttp
+
+    session = aiohttp.ClientSession(
+        headers={"authorization": "Bearer sk-bench", "content-type": "application/json"},
+        timeout=aiohttp.ClientTimeout(total=30.0),
+        connector=aiohttp.TCPConnector(limit=200),
     )
-    bodies = {text: body(text) for text in work.texts}
+    url = f"{work.url}/chat/completions"
+    bodies = {text: json.dumps(body(text)).encode() for text in work.texts}
 
     async def call(text: str) -> bool:
-        response = await client.post("/chat/completions", json=bodies[text])
-        return response.status_code == 200
+        async with session.post(url, data=bodies[text]) as response:
+            await response.read()
+            return response.status == 200
 
-    return client.aclose, call
+    return session.close, call
 
 
 async def _send(work: Work, start_at: float) -> list[Outcome]:
@@ -253,10 +260,28 @@ def split(
 # -- the servers ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Served:
+    """A gateway process: its OpenAI base URL and its process id."""
+
+    url: str
+    pid: int
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """The CPU seconds (user and system) process ``pid`` has used, where ``/proc`` says."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextlib.contextmanager
-def gateway(sim_url: str, *flags: str, core: int | None = None) -> Iterator[str]:
+def gateway(sim_url: str, *flags: str, core: int | None = None) -> Iterator[Served]:
     """``coalesce serve`` in front of the simulator, in its own process (pinned to
-    ``core`` if given); yields its OpenAI base URL."""
+    ``core`` if given)."""
     command = [
         sys.executable, "-m", "coalesce", "serve", "--port", "0",
         "--openai-upstream", f"{sim_url}/v1", *flags,
@@ -271,7 +296,7 @@ def gateway(sim_url: str, *flags: str, core: int | None = None) -> Iterator[str]
             if not line.startswith("coalesce gateway listening on "):
                 log.seek(0)
                 raise RuntimeError(f"the gateway did not start: {log.read().decode()}")
-            yield f"{line.split()[-1]}/v1"
+            yield Served(f"{line.split()[-1]}/v1", process.pid)
         finally:
             process.terminate()
             process.wait(30)
@@ -314,7 +339,7 @@ def savings(
             with contextlib.ExitStack() as stack:
                 url = f"{sim_url}/v1"
                 if arm == ARMS[0]:
-                    url = stack.enter_context(gateway(sim_url, *flags))
+                    url = stack.enter_context(gateway(sim_url, *flags)).url
                 print(f"  {arm} ...", file=sys.stderr, flush=True)
                 works = split(mode, url, calls, PROCESSES, RATE, seed, **options)
                 outcomes, _ = run_clients(works)
@@ -363,12 +388,24 @@ def _holds(ok: bool) -> str:
     return "HOLDS" if ok else "FAILS"
 
 
-def overhead(seconds: float, seed: int) -> list[tuple[str, float, list[Outcome], float]]:
-    """The overhead table's runs: ``(name, rate, outcomes, wall seconds)``."""
+@dataclass(frozen=True)
+class Run:
+    """One run of the overhead table: its outcomes, the seconds from its start to its
+    last answer, and the gateway's CPU milliseconds per call (``None``: direct)."""
+
+    name: str
+    rate: float
+    outcomes: list[Outcome]
+    wall: float
+    cpu_ms: float | None = None
+
+
+def overhead(seconds: float, seed: int) -> list[Run]:
+    """The overhead table's runs."""
     latency = {"default": {"ttft": OVERHEAD_TTFT, "prompt_token_seconds": 0.0,
                            "tokens_per_second": 1_000_000.0}}  # fmt: skip
     flags = ("--max-items", "1", "--budget", str(BUDGET))
-    found: list[tuple[str, float, list[Outcome], float]] = []
+    found: list[Run] = []
     with simulated_provider(latency=latency, output_tokens=12) as sim_url:
         plan: list[tuple[str, float, int | None]] = [
             ("direct", 200.0, None),
@@ -377,42 +414,48 @@ def overhead(seconds: float, seed: int) -> list[tuple[str, float, list[Outcome],
             ("gateway, one core", 500.0, 0),
         ]
         for name, rate, core in plan:
-            calls = int(rate * seconds)
             with contextlib.ExitStack() as stack:
-                url = f"{sim_url}/v1"
+                served = None
                 if name != "direct":
-                    url = stack.enter_context(gateway(sim_url, *flags, core=core))
+                    served = stack.enter_context(gateway(sim_url, *flags, core=core))
+                url = served.url if served is not None else f"{sim_url}/v1"
                 works = split(
-                    "http", url, calls, OVERHEAD_PROCESSES, rate / OVERHEAD_PROCESSES, seed
-                )
+                    "http", url, int(rate * seconds), OVERHEAD_PROCESSES,
+                    rate / OVERHEAD_PROCESSES, seed,
+                )  # fmt: skip
                 warm = [
                     Work("http", url, w.texts[:20], tuple(0.01 * i for i in range(20)))
                     for w in works
                 ]
                 run_clients(warm)
                 print(f"  {name} at {rate:g}/s ...", file=sys.stderr, flush=True)
+                before = cpu_seconds(served.pid) if served is not None else None
                 outcomes, wall = run_clients(works)
-                found.append((name, rate, outcomes, wall))
+                after = cpu_seconds(served.pid) if served is not None else None
+                cpu = None if before is None or after is None else after - before
+                per_call = None if cpu is None else cpu / len(outcomes) * 1000
+                found.append(Run(name, rate, outcomes, wall, per_call))
     return found
 
 
-def print_overhead(runs: list[tuple[str, float, list[Outcome], float]], seconds: float) -> None:
+def print_overhead(runs: list[Run], seconds: float) -> None:
     print(
         f"\nOverhead with coalescing off (--max-items 1): Poisson calls from"
-        f" {OVERHEAD_PROCESSES} client processes (raw httpx), {seconds:g} s of traffic per run;"
+        f" {OVERHEAD_PROCESSES} client processes (raw aiohttp), {seconds:g} s of traffic per run;"
         f" the simulator answers after a fixed {OVERHEAD_TTFT * 1000:g} ms\n"
     )
-    print("| run | offered rate | achieved rate | p50 | p99 | errors |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| run | offered rate | achieved rate | p50 | p99 | errors | gateway CPU per call |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     by: dict[tuple[str, float], list[float]] = {}
-    for name, rate, outcomes, wall in runs:
-        ok = [o.seconds for o in outcomes if o.error is None]
-        by[(name, rate)] = ok
-        errors = len(outcomes) - len(ok)
-        achieved = len(ok) / wall
+    for run in runs:
+        ok = [o.seconds for o in run.outcomes if o.error is None]
+        by[(run.name, run.rate)] = ok
+        errors = len(run.outcomes) - len(ok)
+        cpu = "" if run.cpu_ms is None else f"{run.cpu_ms:.2f} ms"
         print(
-            f"| {name} | {rate:g}/s | {achieved:.0f}/s | {quantile(ok, 0.5) * 1000:.1f} ms"
-            f" | {quantile(ok, 0.99) * 1000:.1f} ms | {errors} |"
+            f"| {run.name} | {run.rate:g}/s | {len(ok) / run.wall:.0f}/s"
+            f" | {quantile(ok, 0.5) * 1000:.1f} ms | {quantile(ok, 0.99) * 1000:.1f} ms"
+            f" | {errors} | {cpu} |"
         )
     direct, through = by[("direct", 200.0)], by[("gateway", 200.0)]
     p50 = (quantile(through, 0.5) - quantile(direct, 0.5)) * 1000
@@ -420,8 +463,8 @@ def print_overhead(runs: list[tuple[str, float, list[Outcome], float]], seconds:
     print(f"\nAdded by the gateway at 200/s: p50 {p50:+.1f} ms, p99 {p99:+.1f} ms")
     print(f"Target added p50 <= 2 ms: {_holds(p50 <= 2)}; added p99 <= 10 ms: {_holds(p99 <= 10)}")
     last = runs[-1]
-    errors = sum(o.error is not None for o in last[2])
-    achieved = (len(last[2]) - errors) / last[3]
+    errors = sum(o.error is not None for o in last.outcomes)
+    achieved = (len(last.outcomes) - errors) / last.wall
     print(
         f"Target 500/s on one core with no error: {_holds(errors == 0 and achieved >= 0.95 * 500)}"
         f" ({achieved:.0f}/s achieved, {errors} errors)"

@@ -52,12 +52,19 @@ class Recorder:
             return message
 
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
-        await self.app(scope, recorded, send)
         key = headers.get("x-api-key") or headers.get("authorization", "").removeprefix("Bearer ")
         query = scope.get("query_string", b"").decode()
-        self.seen.append(
-            Seen(scope["method"], scope["path"], query, key, headers, b"".join(chunks))
-        )
+
+        async def sent(message: Any) -> None:
+            # Recorded as the reply starts, before the client can read it: a test that
+            # looks as soon as its call returns finds the request.
+            if message["type"] == "http.response.start":
+                self.seen.append(
+                    Seen(scope["method"], scope["path"], query, key, headers, b"".join(chunks))
+                )
+            await send(message)
+
+        await self.app(scope, recorded, sent)
 
 
 @dataclass

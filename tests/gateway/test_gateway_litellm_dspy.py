@@ -155,18 +155,12 @@ async def test_litellm_anthropic_text_calls_coalesce(
     assert_coalesced(requests)
 
 
-@pytest.mark.xfail(
-    reason="litellm asks a model it knows for structured output with the beta"
-    " `anthropic-beta: structured-outputs-2025-11-13` and a top-level `output_format`;"
-    " the gateway hands the call to beta.messages.create(betas=[that beta],"
-    " extra_body={'output_format': ...}), which wrap passes through (a beta not in"
-    " NEUTRAL_BETAS, and a non-empty extra_body)",
-    raises=AssertionError,
-    strict=True,
-)
 async def test_litellm_anthropic_native_structured_output_coalesces(
     sim: SimulatedProvider, gateway: Running
 ) -> None:
+    """litellm asks a Claude model it knows for structured output with the beta
+    ``output_format`` (``anthropic-beta: structured-outputs-2025-11-13``); the gateway
+    reads it as ``output_config`` (``_gateway/anthropic_beta.py``), which coalesces."""
     import litellm
 
     asked = tickets()

@@ -14,11 +14,12 @@ the gateway's upstream key.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping
 from urllib.parse import urlsplit
 
+import aiohttp
 import anyio
-import httpx
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -35,6 +36,11 @@ _HOP = frozenset(
     }
 )  # fmt: skip
 _CREDENTIALS = ("authorization", "x-api-key")
+#: Response headers not passed on: hop-by-hop ones, and those the gateway's server writes.
+_DROPPED = _HOP | {"date", "server"}
+#: Request headers aiohttp would add when the client sent none: a proxied request carries
+#: the client's own, or none (``Host`` and the body's length are still written).
+_NOT_ADDED = frozenset({"User-Agent", "Accept", "Content-Type"})
 #: Replies up to this many bytes, of a known length, are read whole before they are
 #: passed on; longer ones, and streams, are passed on as they arrive.
 _WHOLE = 1024 * 1024
@@ -67,7 +73,7 @@ def _headers(state: GatewayState, provider: str, given: Mapping[str, str]) -> di
         for name, value in given.items()
         if name not in _HOP and not name.startswith("x-coalesce")  # the gateway's own
     }
-    headers.setdefault("accept-encoding", "identity")  # not httpx's own default
+    headers.setdefault("accept-encoding", "identity")  # not the HTTP client's default
     config = state.config
     if config.holds_keys:
         read_caller(provider, given, config.api_keys)
@@ -91,14 +97,16 @@ async def proxy(state: GatewayState, request: Request) -> Response:
         seconds = anyio.current_time() - started
         state.metrics.proxied(provider, method, path, status, seconds)
 
-    return await forward(state, provider, request, request.stream(), done)
+    headers = request.headers
+    sends = "content-length" in headers or "transfer-encoding" in headers
+    return await forward(state, provider, request, request.stream() if sends else None, done)
 
 
 async def forward(
     state: GatewayState,
     provider: str,
     request: Request,
-    content: bytes | AsyncIterator[bytes],
+    content: bytes | AsyncIterator[bytes] | None,
     done: Callable[[int], None],
     told: Callable[[Mapping[str, str]], Mapping[str, str]] | None = None,
 ) -> Response:
@@ -109,7 +117,7 @@ async def forward(
         state: The gateway's state.
         provider: ``"openai"`` or ``"anthropic"``.
         request: The client's request.
-        content: Its body: the bytes already read, or its stream.
+        content: Its body: the bytes already read, its stream, or ``None`` (none).
         done: Called with the status once the response has been relayed, or failed
             upstream.
         told: Headers to add to the response, from the upstream's.
@@ -123,13 +131,20 @@ async def forward(
     if state.config.holds_keys and not upstream.has_key:
         return error_response(provider, 503, f"this gateway holds no {provider} key")
     url = upstream_url(upstream.base_url, request.url.path, request.url.query)
-    sent = http.build_request(request.method, url, headers=sent_headers, content=content)
     try:
-        response = await http.send(sent, stream=True)
-    except httpx.TimeoutException:
+        response = await http.request(
+            request.method,
+            url,
+            headers=sent_headers,
+            data=content,
+            allow_redirects=False,
+            skip_auto_headers=_NOT_ADDED,
+            proxy=upstream.proxy,
+        )
+    except asyncio.TimeoutError:
         done(504)
         return error_response(provider, 504, "the upstream did not answer in time")
-    except httpx.HTTPError:
+    except aiohttp.ClientError:
         done(502)
         return error_response(provider, 502, "the gateway could not reach the upstream; try again")
     added = told(response.headers) if told is not None else {}
@@ -139,55 +154,57 @@ async def forward(
 
 
 def _relayed(
-    response: httpx.Response, done: Callable[[int], None], headers: Mapping[str, str]
+    response: aiohttp.ClientResponse, done: Callable[[int], None], headers: Mapping[str, str]
 ) -> Response:
     """The upstream's ``response`` as the gateway's, its body streamed as it arrives."""
 
     async def body() -> AsyncIterator[bytes]:
         try:
-            async for chunk in response.aiter_raw():
+            async for chunk in response.content.iter_any():
                 yield chunk
         finally:
-            with anyio.CancelScope(shield=True):
-                await response.aclose()
-            done(response.status_code)
+            response.release()  # the connection goes back to the pool if the body ended
+            done(response.status)
 
-    reply = StreamingResponse(body(), response.status_code)
+    reply = StreamingResponse(body(), response.status)
     reply.raw_headers = _raw_headers(response, headers)
     return reply
 
 
 async def _whole(
     provider: str,
-    response: httpx.Response,
+    response: aiohttp.ClientResponse,
     done: Callable[[int], None],
     headers: Mapping[str, str],
 ) -> Response:
     """The upstream's small, complete ``response`` read whole and passed on (cheaper than
     a stream; its bytes as they came, compressed or not)."""
     try:
-        content = b"".join([chunk async for chunk in response.aiter_raw()])
-    except httpx.HTTPError:
+        content = await response.read()
+    except (aiohttp.ClientError, asyncio.TimeoutError):
         done(502)
         return error_response(provider, 502, "the upstream's reply broke off; try again")
     finally:
-        with anyio.CancelScope(shield=True):
-            await response.aclose()
-    done(response.status_code)
-    reply = Response(content, response.status_code)
+        response.release()
+    done(response.status)
+    reply = Response(content, response.status)
     reply.raw_headers = _raw_headers(response, headers)
     return reply
 
 
-def _raw_headers(response: httpx.Response, headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
-    return [
-        (name.lower().encode("latin-1"), value.encode("latin-1"))
-        for name, value in [*response.headers.multi_items(), *headers.items()]
-        if name.lower() not in _HOP and name.lower() not in ("date", "server")
+def _raw_headers(
+    response: aiohttp.ClientResponse, headers: Mapping[str, str]
+) -> list[tuple[bytes, bytes]]:
+    kept = [
+        (name.lower(), value)
+        for name, value in response.raw_headers
+        if name.lower().decode("latin-1") not in _DROPPED
     ]
+    added = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
+    return kept + added
 
 
-def _small(response: httpx.Response) -> bool:
+def _small(response: aiohttp.ClientResponse) -> bool:
     """A reply of a known, small length that is not a stream of events."""
     length = response.headers.get("content-length", "")
     kind = response.headers.get("content-type", "")

@@ -6,11 +6,12 @@ One call's path (:func:`answer`):
 1. :func:`read_call`: the body, at most ``max_body_size`` bytes (else 413), as JSON
    with a model (else 400 in the provider's shape), the ``x-coalesce*`` headers
    (:func:`~.controls.read_controls`), the caller (:func:`~.callers.read_caller`, else
-   401), and the SDK method's keyword arguments (:func:`sdk_arguments`: fields the SDK
-   does not name go in ``extra_body``, and then ``wrap`` passes the call through
-   untouched);
+   401), and, for a call that may share a request, the SDK method's keyword arguments
+   (:func:`sdk_arguments`: fields the SDK does not name go in ``extra_body``, and then
+   ``wrap`` passes the call through untouched);
 2. a call that cannot share a request (``x-coalesce: off``, or ``max_items`` 1) is
-   proxied untouched (:func:`pass_through`), without the cost of an SDK call;
+   proxied untouched (:func:`pass_through`): no SDK client, arguments or call, only the
+   gateway's plain HTTP client (the fast path of docs/gateway.md's overhead figures);
 3. otherwise the SDK method's ``with_streaming_response`` form on the caller's copy of
    the wrapped client: ``wrap`` coalesces the call, or passes it through, and either way
    returns the SDK's raw response;
@@ -32,6 +33,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from .._exceptions import ConfigurationError
+from .anthropic_beta import general_form
 from .callers import Caller, Unauthorized, read_caller
 from .controls import GROUP_SIZE_HEADER, Controls, read_controls, reply_headers, served_lane
 from .errors import error_response, failure_response, reply_headers_of
@@ -81,7 +83,8 @@ class Call:
     model: str
     controls: Controls
     caller: Caller
-    method: Any  # the SDK method's with_streaming_response form, on the caller's copy
+    method: Any  # the SDK method's with_streaming_response form, on the caller's copy;
+    # None for a call proxied untouched (and then kwargs is empty)
     kwargs: dict[str, Any]
     started: float
     body: bytes
@@ -170,15 +173,20 @@ def _json(raw: bytes) -> dict[str, Any]:
     return data
 
 
-def _resource(client: Any, api: Api, headers: Mapping[str, str]) -> tuple[Any, list[str]]:
-    """The SDK resource a call goes through, and its betas (Anthropic's beta header)."""
+def _resource(
+    client: Any, api: Api, headers: Mapping[str, str], data: dict[str, Any]
+) -> tuple[Any, list[str], dict[str, Any]]:
+    """The SDK resource a call goes through, its betas (Anthropic's beta header) and its
+    body (beta structured outputs read as ``output_config``: :func:`general_form`)."""
     betas = [b.strip() for b in headers.get("anthropic-beta", "").split(",") if b.strip()]
-    if api.provider == "anthropic" and betas:
-        return client.beta.messages, betas
+    if api.provider == "anthropic":
+        data, betas = general_form(data, betas)
+        if betas:
+            return client.beta.messages, betas, data
     resource = client
     for part in api.resource.split("."):
         resource = getattr(resource, part)
-    return resource, []
+    return resource, [], data
 
 
 async def read_call(state: GatewayState, api: Api, request: Request) -> Call:
@@ -203,7 +211,10 @@ async def read_call(state: GatewayState, api: Api, request: Request) -> Call:
     upstream = state.upstreams.of(api.provider)
     if config.holds_keys and not upstream.has_key:
         raise Refused(503, f"this gateway holds no {api.provider} key; set it and restart")
-    resource, betas = _resource(upstream.client_for(caller), api, headers)
+    model = state.metrics.model(data["model"])
+    if config.max_items == 1 or not controls.coalesce:  # proxied as it came: no SDK call
+        return Call(api, model, controls, caller, None, {}, started, raw)
+    resource, betas, data = _resource(upstream.client_for(caller), api, headers, data)
     sent = {name: headers[name] for name in _FORWARDED if name in headers}
     try:
         method = resource.with_streaming_response.create
@@ -212,7 +223,6 @@ async def read_call(state: GatewayState, api: Api, request: Request) -> Call:
         raise Refused(400, str(exc)) from None
     if betas:
         kwargs["betas"] = betas
-    model = state.metrics.model(data["model"])
     return Call(api, model, controls, caller, method, kwargs, started, raw)
 
 
@@ -226,7 +236,7 @@ async def answer(state: GatewayState, api: Api, request: Request) -> Response:
         metrics.in_flight.dec()
         return error_response(api.provider, exc.status, str(exc))
     lane = served_lane(call.controls.lane)
-    if state.config.max_items == 1 or not call.controls.coalesce:
+    if call.method is None:  # x-coalesce: off, or max_items 1
         return await pass_through(state, call, lane, request)
     token = PARTITION.set(call.caller.partition)
     try:
@@ -260,6 +270,7 @@ async def relay(
 ) -> Response:
     """The SDK's raw ``response`` to the client: its status, headers and body (a stream
     event for event), with the ``x-coalesce-*`` headers of what is known."""
+    lane = response.headers.get("x-coalesce-lane", lane)  # issue 23: the lane that answered
     coalesced = response.headers.get("x-coalesce") == "on"
     headers = reply_headers_of(response.headers)
     headers.update(_told(response.headers, coalesced, lane))

@@ -85,6 +85,7 @@ def main(argv: Sequence[str]) -> int:
     args = list(argv[1:] if argv[:1] == ["serve"] else argv)
     config = load_config(args)
     try:
+        import aiohttp  # noqa: F401
         import anthropic  # noqa: F401
         import openai  # noqa: F401
         import prometheus_client  # noqa: F401

@@ -21,8 +21,10 @@ from collections import OrderedDict
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
+from urllib.request import getproxies, proxy_bypass
 
-import httpx
+import aiohttp
 
 from .._planning.encodings import encoding
 from .._wrap import wrap
@@ -30,7 +32,17 @@ from .callers import Caller
 from .config import GatewayConfig
 from .metrics import GatewayMetrics
 
-__all__ = ["COPIES", "PARTITION", "PROVIDERS", "Upstream", "Upstreams", "warm_up"]
+__all__ = [
+    "COPIES",
+    "KEEPALIVE",
+    "PARTITION",
+    "PROVIDERS",
+    "Upstream",
+    "Upstreams",
+    "env_proxy",
+    "proxy_client",
+    "warm_up",
+]
 
 #: Client copies kept per provider, one per caller (the least recently used goes first).
 COPIES = 1024
@@ -42,6 +54,8 @@ PARTITION: ContextVar[str | None] = ContextVar("coalesce_gateway_partition", def
 #: The root clients' key in pass-through mode: never sent, since every call goes
 #: through a copy holding its own caller's key.
 _UNSET_KEY = "coalesce-gateway-no-key"
+#: Seconds an idle proxy connection is kept open for the next call.
+KEEPALIVE = 30.0
 #: The token encodings the planner counts with: OpenAI's newer models', and the
 #: stand-in of every other model (see :func:`~coalesce._planning.encodings.encoding_name_for`).
 _ENCODINGS = ("o200k_base", "cl100k_base")
@@ -57,6 +71,41 @@ def _partition(**_: Any) -> str | None:
     return PARTITION.get()
 
 
+def proxy_client(config: GatewayConfig) -> aiohttp.ClientSession:
+    """The plain HTTP client of every call the gateway proxies untouched (open it in the
+    event loop that will use it).
+
+    aiohttp, not httpx: each call on this path costs the gateway what its HTTP client
+    costs, and aiohttp's takes a kept-alive connection off a queue with its HTTP parsed
+    in C, where httpx's pool probes every idle connection's socket for every request
+    (about 4x the CPU per call, more as connections grow). No cap on connections: a
+    proxied call may stream for minutes, and the upstream says how many it takes. No
+    cookies: one caller's reply must not set a cookie that goes with the next caller's
+    request. Bodies stay as they came (no decompression). The environment's proxy is
+    read once (:func:`env_proxy`), not for every request as aiohttp's ``trust_env`` does
+    (in a worker thread, with the ``.netrc`` file read each time).
+    """
+    timeout = aiohttp.ClientTimeout(
+        total=None, sock_connect=30.0, sock_read=config.upstream_timeout
+    )
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE),
+        timeout=timeout,
+        auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+    )
+
+
+def env_proxy(url: str) -> str | None:
+    """The proxy the environment names for ``url`` (``HTTPS_PROXY``, ``HTTP_PROXY``,
+    ``ALL_PROXY``, unless ``NO_PROXY`` covers its host), as the SDKs would use it."""
+    parts = urlsplit(url)
+    if proxy_bypass(parts.hostname or ""):
+        return None
+    proxies = getproxies()
+    return proxies.get(parts.scheme) or proxies.get("all")
+
+
 @dataclass
 class Upstream:
     """One provider's wrapped client and its copies per caller.
@@ -67,12 +116,15 @@ class Upstream:
             mode, else a key that is never sent).
         base_url: The upstream's base URL, as configured.
         has_key: Whether the client holds a real upstream key (``--api-key`` mode).
+        proxy: The HTTP proxy the environment names for ``base_url`` (``HTTPS_PROXY``
+            and the like, less ``NO_PROXY``), read once at startup, if any.
     """
 
     provider: str
     client: Any
     base_url: str
     has_key: bool = False
+    proxy: str | None = None
     _copies: OrderedDict[str, Any] = field(default_factory=OrderedDict, repr=False)
 
     def client_for(self, caller: Caller) -> Any:
@@ -96,7 +148,7 @@ class Upstreams:
 
     openai: Upstream
     anthropic: Upstream
-    http: httpx.AsyncClient
+    http: aiohttp.ClientSession
 
     @classmethod
     def open(cls, config: GatewayConfig, metrics: GatewayMetrics) -> Upstreams:
@@ -123,11 +175,12 @@ class Upstreams:
                 latency_budget=config.budget,
                 partition=_partition,
                 on_event=metrics.hook(provider),
+                **config.lanes,  # issue 23: lane, store, batch_window, poll_interval
             )
-            wrapped[provider] = Upstream(provider, client, urls[provider], has_key=bool(key))
-        timeout = httpx.Timeout(config.upstream_timeout, connect=30.0)
-        http = httpx.AsyncClient(timeout=timeout, follow_redirects=False)
-        return cls(wrapped["openai"], wrapped["anthropic"], http)
+            wrapped[provider] = Upstream(
+                provider, client, urls[provider], has_key=bool(key), proxy=env_proxy(urls[provider])
+            )
+        return cls(wrapped["openai"], wrapped["anthropic"], proxy_client(config))
 
     def of(self, provider: str) -> Upstream:
         """The upstream of ``provider``."""
@@ -137,4 +190,4 @@ class Upstreams:
         """Send what waits in the engines, wait for it, and close every client."""
         for upstream in (self.openai, self.anthropic):
             await upstream.client.aclose()
-        await self.http.aclose()
+        await self.http.close()
