@@ -66,9 +66,15 @@ async def test_anthropic_calls_coalesce(sim: SimulatedProvider, gateway: Running
         assert isinstance(block, anthropic.types.ToolUseBlock)
         return Ticket.model_validate(block.input)
 
+    # One call first, as a gateway that has served before: the prior for this model
+    # predicts 1.98 s for a group of 4 at this 2 s budget, so a cold gateway's groups
+    # stop at 4 and 40 calls need 10 requests at least; one reply teaches it the
+    # provider's speed.
+    await one("warm-up ticket")
+    before = len(sim.requests)
     answers = await gather(asked, one)
     assert answers == [expected_ticket(ticket) for ticket in asked]
-    assert len(sim.requests) <= MOST_REQUESTS, _requests(sim)
+    assert len(sim.requests) - before <= MOST_REQUESTS, _requests(sim)
     await client.close()
 
 
