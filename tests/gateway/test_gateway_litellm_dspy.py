@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import anyio
 import pytest
 from _litellm import expected_triage, offline, triage_signature
-from _serving import Running
+from _serving import Running, gateway_config, serving
 from _traffic import (
     ANTHROPIC_MODEL,
     CALLS,
@@ -43,6 +43,16 @@ pytestmark = [
 #: An Anthropic model in litellm's cost map: litellm asks it for structured output
 #: natively (``output_format``), not through a forced tool.
 KNOWN_ANTHROPIC_MODEL = "claude-haiku-4-5"
+
+
+@pytest.fixture
+async def gateway(sim_url: str) -> AsyncIterator[Running]:
+    """The gateway at a 5 s budget: these calls run in real time on a shared CI machine,
+    where a cold function's probe can take most of 2 s; the tests check structure and
+    delivery (at most 10 requests for 40 calls, each its own answer), not latency (the
+    2 s figures are benchmarks/bench_frameworks.py's)."""
+    async with serving(gateway_config(sim_url, budget=5.0)) as running:
+        yield running
 
 
 @pytest.fixture(autouse=True)

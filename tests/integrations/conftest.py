@@ -32,6 +32,14 @@ def sim() -> SimulatedProvider:
     return SimulatedProvider(time_scale=0.5)
 
 
+#: The wrapped clients' budget. The issue's figures are measured at 2 s by
+#: benchmarks/bench_frameworks.py; here the calls run in real time on a shared CI machine,
+#: where a cold function's probe can itself take most of 2 s, and the tests check
+#: structure and delivery (each caller its own answer, at most 10 requests for 40), not
+#: latency.
+BUDGET = 5.0
+
+
 @pytest.fixture
 def url(sim: SimulatedProvider) -> Iterator[str]:
     with sim.serve() as base_url:
@@ -42,7 +50,7 @@ def url(sim: SimulatedProvider) -> Iterator[str]:
 async def openai_client(sim: SimulatedProvider, url: str) -> AsyncIterator[openai.AsyncOpenAI]:
     """An ``AsyncOpenAI`` on the simulator, wrapped as a user would wrap it."""
     raw = sim.openai_client(url)
-    async with coalesce.wrap(raw, latency_budget=2.0, max_items=CALLS // 2) as client:
+    async with coalesce.wrap(raw, latency_budget=BUDGET, max_items=CALLS // 2) as client:
         yield client
 
 
@@ -52,5 +60,5 @@ async def anthropic_client(
 ) -> AsyncIterator[anthropic.AsyncAnthropic]:
     """An ``AsyncAnthropic`` on the simulator, wrapped as a user would wrap it."""
     raw = sim.anthropic_client(url)
-    async with coalesce.wrap(raw, latency_budget=2.0, max_items=CALLS // 2) as client:
+    async with coalesce.wrap(raw, latency_budget=BUDGET, max_items=CALLS // 2) as client:
         yield client
