@@ -10,7 +10,7 @@ calls (it passes through a call with a beta it does not know, as it must). Pure.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 __all__ = ["STRUCTURED_OUTPUTS_BETA", "general_form"]
@@ -19,21 +19,22 @@ __all__ = ["STRUCTURED_OUTPUTS_BETA", "general_form"]
 STRUCTURED_OUTPUTS_BETA = "structured-outputs-2025-11-13"
 
 
-def general_form(body: Mapping[str, Any], betas: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
+def general_form(body: dict[str, Any], betas: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
     """``body`` and ``betas`` with a beta ``output_format`` moved to
-    ``output_config.format`` and its beta dropped; unchanged when the body has no
-    ``output_format``, or already has an ``output_config``, or does not send the beta.
+    ``output_config.format`` and its beta dropped (in a new body); ``body`` itself when it
+    has no ``output_format``, already has an ``output_config``, or does not send the
+    beta.
 
     Args:
-        body: The ``/v1/messages`` request body.
+        body: The ``/v1/messages`` request body (never changed).
         betas: The ``anthropic-beta`` header's values.
     """
-    given = dict(body)
     if (
         STRUCTURED_OUTPUTS_BETA not in betas
-        or "output_format" not in given
-        or "output_config" in given
+        or "output_format" not in body
+        or "output_config" in body
     ):
-        return given, list(betas)
+        return body, list(betas)
+    given = dict(body)
     given["output_config"] = {"format": given.pop("output_format")}
     return given, [beta for beta in betas if beta != STRUCTURED_OUTPUTS_BETA]
