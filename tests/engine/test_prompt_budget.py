@@ -13,6 +13,7 @@ import pytest
 from pydantic import BaseModel
 
 import coalesce
+from coalesce._engine.spec import Options
 from coalesce._planning.planner import PlanLimits
 from coalesce._planning.state import Planning
 from coalesce._planning.tokens import estimator_for
@@ -268,3 +269,57 @@ async def test_under_a_budget_a_group_of_one_is_asked_as_a_plain_call() -> None:
     assert (await tag("alone")).label == "bug"
     assert seen == ["alone"]
     await tag.aclose()
+
+
+async def _spaced(spacing: float, calls: int, **options: Any) -> tuple[Any, Any, list[float]]:
+    """``calls`` calls ``spacing`` seconds apart at a 4 s budget; the batcher's and the
+    function's statistics and each call's latency."""
+    sim = provider()
+    prior = coalesce.LatencyPrior(overhead=0.4, prefill_per_token=1e-4, decode_per_token=1 / 80)
+
+    @coalesce.prompt(
+        client=sim.openai_client(max_retries=0),
+        model="gpt-4o-mini",
+        latency_budget=4.0,
+        latency_prior=prior,
+        max_items=16,
+        **options,
+    )
+    async def tag(ticket: str) -> Tag:
+        """Tag the support ticket. Read the whole ticket before choosing a label."""
+
+    latencies: list[float] = []
+
+    async def one(n: int) -> None:
+        start = anyio.current_time()
+        await tag(f"ticket {n}: something is wrong with my account")
+        latencies.append(anyio.current_time() - start)
+
+    async with anyio.create_task_group() as tg:
+        for n in range(calls):
+            tg.start_soon(one, n)
+            await anyio.sleep(spacing)
+    await tag.aclose()
+    return tag.batcher_statistics(), tag.statistics(), latencies
+
+
+async def test_with_a_budget_the_default_window_is_a_quarter_of_it() -> None:
+    # Calls 0.2 s apart: a 0.05 s window never holds two, a quarter of 4 s holds five.
+    batcher, stats, latencies = await _spaced(0.2, 40)
+    assert batcher.mean_batch_size >= 4
+    assert stats.wait_p99 <= 1.0 + 1e-6  # nobody waited past a quarter of the budget
+    assert max(latencies) <= 4.0
+
+
+async def test_a_given_max_wait_is_kept_whatever_the_budget() -> None:
+    batcher, stats, _latencies = await _spaced(0.2, 40, max_wait=0.05)
+    assert batcher.mean_batch_size == 1
+    assert stats.wait_p99 <= 0.05 + 1e-6
+    # 0.05 given explicitly is not the default, even though it is the same number.
+    assert coalesce_window(max_wait=0.05, latency_budget=4.0) == 0.05
+    assert coalesce_window(latency_budget=4.0) == 1.0
+    assert coalesce_window() == 0.05
+
+
+def coalesce_window(**options: Any) -> float:
+    return Options(**options).window

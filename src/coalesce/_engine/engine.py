@@ -67,7 +67,7 @@ class Engine:
         self.batcher: Batcher[Job, Any] = Batcher(
             self._run,
             # When no group can pay for its packing, calls go at once, plain.
-            max_wait=options.max_wait if self.pays_from is not None else 0.0,
+            max_wait=options.window if self.pays_from is not None else 0.0,
             max_items=parts.max_items,
             max_concurrency=options.max_concurrency,
             partition=_partition,

@@ -319,7 +319,7 @@ def _planning(
         return None
     limits = PlanLimits(
         max_items=options.max_items,
-        max_wait=options.max_wait,
+        max_wait=options.window,
         shared_tokens=pinned.shared,
         max_output_tokens=options.max_output_tokens,
         per_item_overhead_tokens=pinned.item_frame,

@@ -24,6 +24,7 @@ from .._defaults import (
     PROMPT_MAX_ITEMS,
     PROMPT_MAX_WAIT,
     SHADOW,
+    wait_for_company,
 )
 from .._exceptions import ConfigurationError
 from .._observe.recorder import EventHook
@@ -100,7 +101,8 @@ class Options:
     """How calls coalesce; every field checked on construction.
 
     Attributes:
-        max_wait: Longest a call waits for company, in seconds.
+        max_wait: Longest a call waits for company, in seconds (left at its default
+            and with a ``latency_budget``: a quarter of the budget; see :attr:`window`).
         max_items: Most items per request.
         max_concurrency: Most requests in flight at once (``None``: no limit).
         latency_budget: Seconds a caller may wait end to end (``None``: no budget, and
@@ -213,6 +215,13 @@ class Options:
                     )
                 )
         _check_kinds(self)
+
+    @property
+    def window(self) -> float:
+        """Longest a call waits for company: ``max_wait`` as given; left at its
+        default, a quarter of ``latency_budget`` when there is one (see
+        :func:`coalesce._defaults.wait_for_company`)."""
+        return wait_for_company(self.max_wait, self.latency_budget)
 
     def replace(self, **changes: Any) -> Options:
         """A copy with ``changes`` (checked again)."""

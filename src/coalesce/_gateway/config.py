@@ -68,7 +68,8 @@ class GatewayConfig:
         lane: The lane of a call without an ``x-coalesce-lane`` header (``auto``,
             ``realtime``, ``flex`` or ``batch``; see ``docs/lanes.md``).
         max_items: Most calls in one upstream request.
-        max_wait: Longest wait for company without a budget, in seconds.
+        max_wait: Longest wait for company, in seconds (default: 0.05, or a quarter of
+            ``budget`` when there is one).
         max_retries: Retries of a failed upstream request inside the gateway (the
             clients' SDKs retry too; 0 leaves retrying to them).
         upstream_timeout: Longest one upstream request may run, in seconds.
@@ -203,7 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--budget", type=float, metavar="SECONDS", help="default latency budget of a call")
     add("--lane", choices=LANE_CHOICES, help="default lane of a call (default auto)")
     add("--max-items", type=int, help=f"most calls per request (default {DEFAULTS['max_items']})")
-    add("--max-wait", type=float, metavar="SECONDS", help="longest wait without a budget")
+    add(
+        "--max-wait",
+        type=float,
+        metavar="SECONDS",
+        help="longest wait for company (default 0.05, or a quarter of --budget)",
+    )
     add("--max-retries", type=int, help="retries of a failed upstream request (default 0)")
     add("--upstream-timeout", type=float, metavar="SECONDS", help="default 600")
     add("--max-body-size", type=int, metavar="BYTES", help="of a coalesced call (16 MiB)")

@@ -26,7 +26,7 @@ from .recorder import PromptRecorder
 
 __all__ = ["DispatchListener", "DispatchReasons", "Dispatched", "request_predictor"]
 
-#: The planner's predicted seconds (a p95) of one request carrying given members.
+#: The planner's predicted seconds (a p99) of one request carrying given members.
 Predictor = Callable[[Sequence[PlanItem]], float]
 
 
@@ -86,7 +86,7 @@ class DispatchListener:
 
 
 def request_predictor(planning: Planning) -> Predictor:
-    """The planner's predicted seconds (a p95) of one request carrying given members."""
+    """The planner's predicted seconds (a p99) of one request carrying given members."""
 
     def predict(members: Sequence[PlanItem]) -> float:
         return planning.predict(*group_tokens(members, planning.limits))

@@ -107,7 +107,7 @@ class DispatchEvent:
             ``"size"``, ``"window"``, ``"close"``, or a planner's own reason).
         items: Calls in the group.
         group: Its number, counted per function from 1 (0: not numbered).
-        predicted: The planner's predicted seconds (a p95) of a request carrying the
+        predicted: The planner's predicted seconds (a p99) of a request carrying the
             whole group, when a latency budget is planned; else ``None``.
         time_left: Seconds left of the tightest budget in the group as it left, or
             ``None`` if no call in it had a budget.
@@ -152,7 +152,7 @@ class RequestEvent:
         group: The number of the group its calls were dispatched in (0: not known).
         attempt: How many requests have carried its items, this one included: 1 for
             the first, 2 or more for a re-ask (0: not known).
-        predicted: The planner's predicted seconds (a p95) for it, made as it was
+        predicted: The planner's predicted seconds (a p99) for it, made as it was
             sent; ``None`` without a latency budget.
         plain: It was a plain call of one item, without the packing format.
         input_tokens_one_per_item: Prompt tokens the same items would have used as

@@ -18,7 +18,7 @@ window per partition and asks these functions, with explicit state and ``now``:
   and later ones are held until its reply or until they could only just leave alone.
 
 Predictions are a :data:`Predict` callable, ``(input_tokens, output_tokens) -> seconds``
-of one request (a p95), usually ``lambda i, o: model.predict(i, o).total`` over a
+of one request (a p99), usually ``lambda i, o: model.predict(i, o).total`` over a
 :class:`~coalesce._planning.latency.LatencyModel`.
 
 Rate limits (the providers parse their headers into a
@@ -63,7 +63,7 @@ __all__ = [
 ]
 
 Predict = Callable[[int, int], float]
-"""``(input_tokens, output_tokens) -> predicted seconds`` (a p95) of one request."""
+"""``(input_tokens, output_tokens) -> predicted seconds`` (a p99) of one request."""
 
 Binding = Literal["requests", "tokens"]
 
@@ -405,16 +405,16 @@ def cold_start(
     has taught the model, whichever comes first.
 
     How long to hold: a held call can leave alone in time until its deadline less one
-    call's duration. The prior's p95 of that duration (``predict``) is its worst case,
+    call's duration. The prior's p99 of that duration (``predict``) is its worst case,
     above what most providers take; holding only that long would often end the hold
     before the probe's reply. With ``central`` (a typical duration, between the prior's
-    mean and its p95), the hold lasts until the deadline less that duration, but never
+    mean and its p99), the hold lasts until the deadline less that duration, but never
     past the midpoint between ``now`` and the deadline: a probe that replies within the
     hold took at most that long, so a held call sent alone when it replies, taking as
     long, is still in time. On a provider as slow as the prior's mean, the probe's
     reply comes after the hold, the held calls leave alone when it ends and are
     answered by their deadline: nothing changes but the wait. Without ``central``, the
-    hold ends when a call could only just leave alone by the p95. Never earlier than
+    hold ends when a call could only just leave alone by the p99. Never earlier than
     that, either way; :data:`HOLD_GUARD` before each limit.
 
     Returns ``None`` when this does not apply and the call is planned as usual: groups

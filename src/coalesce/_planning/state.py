@@ -36,7 +36,18 @@ if TYPE_CHECKING:
 
 from .reports import Planned, Report
 
-__all__ = ["Planning"]
+__all__ = ["PLANNING_QUANTILE", "Planning"]
+
+#: The quantile of a request's duration that the planner holds to its members'
+#: deadlines. A group is late for every member at once, and the planner sends groups
+#: at the last moment their prediction allows, so the share of late calls is about
+#: the share of requests slower than the prediction: a p95 would let 5% of calls miss
+#: their budget. Measured (bench_cap, 3,000 calls at 100/s, 2 s budget, groups bound
+#: by the deadline): p95 planning, 98.9% of the first 2,000 calls within budget, down
+#: to 94% in the stretch where the cap was rising; p99, 99.97% over all 3,000, and the
+#: same groups and tokens once learned (0.250x against 0.248x of plain calls' prompt
+#: tokens).
+PLANNING_QUANTILE = 0.99
 
 
 class Planning:
@@ -73,7 +84,7 @@ class Planning:
         cold_start: bool = True,
     ) -> None:
         self.estimator = estimator
-        self.latency = LatencyModel(prior)
+        self.latency = LatencyModel(prior, quantile=PLANNING_QUANTILE)
         self.configured = limits
         tracker = (
             (lambda: OutputTokenTracker(output_prior, min_samples=1)) if guessed_output else None
@@ -106,12 +117,12 @@ class Planning:
         return binding_limit(self.quota, self.pace(now), now) == "requests"
 
     def predict(self, input_tokens: int, output_tokens: int) -> float:
-        """Predicted seconds (a p95) of one request of these sizes."""
+        """Predicted seconds (a p99, :data:`PLANNING_QUANTILE`) of one request of these sizes."""
         return self.latency.predict(input_tokens, output_tokens).total
 
     def predict_typical(self, input_tokens: int, output_tokens: int) -> float:
         """Seconds one request of these sizes typically takes: the geometric middle of
-        the mean and the p95 (:meth:`predict`), a margin half the p95's (in ratio)."""
+        the mean and the p99 (:meth:`predict`), a margin half the p99's (in ratio)."""
         mean = self.latency.predict_mean(input_tokens, output_tokens).total
         return math.sqrt(mean * self.predict(input_tokens, output_tokens))
 
