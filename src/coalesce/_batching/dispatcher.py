@@ -24,6 +24,7 @@ from .options import BatcherOptions
 from .policy import DispatchReason, Due
 from .runtime import Runtime
 from .stats import BatcherStatistics, WaitRecorder
+from .timer import TimerLag, run_timer
 from .window import SOLO, Window, Windows
 
 __all__ = ["Dispatcher", "result_problem"]
@@ -40,6 +41,9 @@ class Dispatcher:
         rt: The runtime of the event loop served now (set by the batcher).
         in_flight: Batches running.
         timer_on: Whether the timer task runs.
+        timer_scope: The timer's sleep, whose deadline is moved earlier when a window
+            falls due sooner.
+        lag: How late the timer wakes, so that it wakes that much early.
         completed: Callers handed a result.
         failed: Callers handed an exception.
         by_reason: Windows dispatched, by reason.
@@ -63,6 +67,7 @@ class Dispatcher:
         self.in_flight = 0
         self.timer_on = False
         self.timer_scope: anyio.CancelScope | None = None
+        self.lag = TimerLag()
         self.deadlines = ReadyDeadlines(options.policy, windows)
         self.drained: anyio.Event | None = None
         self.completed = 0
@@ -247,7 +252,7 @@ class Dispatcher:
         rt = self.rt
         assert rt is not None
         self.timer_on = True
-        rt.spawn(self._timer)
+        rt.spawn(run_timer, self)
 
     def set_due(self, window: Window, due: Due, now: float) -> DispatchReason | None:
         """Take a policy's due time for ``window``: the reason to dispatch it now, or
@@ -256,8 +261,8 @@ class Dispatcher:
         if due.at <= now:
             return due.reason
         scope = self.timer_scope
-        if scope is not None and due.at < scope.deadline:
-            scope.deadline = due.at
+        if scope is not None and due.at - self.lag.lead < scope.deadline:
+            scope.deadline = due.at - self.lag.lead
         return None
 
     def hold(self, key: Any, item: Any, waiter: Any, arrival: float, until: float) -> None:
@@ -274,8 +279,8 @@ class Dispatcher:
     def _wake_by(self, at: float) -> None:
         if not self.timer_on:
             self.start_timer()
-        elif self.timer_scope is not None and at < self.timer_scope.deadline:
-            self.timer_scope.deadline = at
+        elif self.timer_scope is not None and at - self.lag.lead < self.timer_scope.deadline:
+            self.timer_scope.deadline = at - self.lag.lead
 
     def release(self, held: Window) -> None:
         """Place the items of ``held`` again, in the order they arrived; released
@@ -298,35 +303,6 @@ class Dispatcher:
     def next_due(self) -> Window:
         """The open (or held) window due first."""
         return self.windows.next_due(by_due_time=self.options.policy is not None)
-
-    async def _timer(self) -> None:
-        """Dispatch each window when it is due (``max_wait``, or a planner's deadline),
-        and release held items when their hold is."""
-        rt = self.rt
-        assert rt is not None
-        windows = self.windows
-        try:
-            while windows.waiting():
-                window = self.next_due()
-                if rt.clock() < window.due_at:
-                    with anyio.CancelScope(deadline=window.due_at) as scope:
-                        self.timer_scope = scope
-                        await anyio.sleep_forever()
-                    self.timer_scope = None
-                    # Trust the sleep rather than re-reading the clock: a coarse clock
-                    # may still read a hair before the deadline it woke for.
-                    if not windows.waiting():
-                        break
-                    window = self.next_due()
-                    if window.due_at > scope.deadline:
-                        continue  # what was due went early (full, size or close)
-                if windows.is_held(window):
-                    self.release(window)
-                else:
-                    self.dispatch(window, window.due_reason)
-        finally:
-            self.timer_on = False
-            self.timer_scope = None
 
 
 def result_problem(results: Any) -> str | None:

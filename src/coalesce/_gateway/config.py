@@ -20,7 +20,13 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .._defaults import BATCH_WINDOW, POLL_INTERVAL, PROMPT_MAX_ITEMS, PROMPT_MAX_WAIT
+from .._defaults import (
+    BATCH_WINDOW,
+    POLL_INTERVAL,
+    PROMPT_MAX_ITEMS,
+    PROMPT_MAX_WAIT,
+    wait_for_company,
+)
 from .._engine.spec import LANE_CHOICES
 from .._exceptions import ConfigurationError
 
@@ -133,6 +139,7 @@ class GatewayConfig:
     def describe(self) -> str:
         """One line of the settings, secrets left out (the startup log line)."""
         shown = {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
+        shown["max_wait"] = wait_for_company(self.max_wait, self.budget)  # what it is
         shown["api_key_mode"] = self.holds_keys
         return " ".join(f"{name}={value}" for name, value in shown.items())
 
