@@ -90,6 +90,17 @@ class GatewayMetrics:
             up[:3], registry=r,
         )  # fmt: skip
         self._models: set[str] = set()
+        # Each labelled child once: ``labels()`` takes a lock and checks its arguments
+        # on every call, a measurable share of a proxied call's cost.
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def _of(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)``, looked up once."""
+        key = (id(metric), values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
     def model(self, value: Any) -> str:
         """``value`` as a model label (see the module doc)."""
@@ -113,8 +124,8 @@ class GatewayMetrics:
         model, lane = self.model(event.model), "realtime"
         kind = "plain" if event.plain else "packed"
         outcome = "ok" if event.error is None else _error_name(event.error)
-        self.upstream.labels(provider, model, lane, kind, outcome).inc()
-        self.items.labels(provider, model, lane).observe(event.items)
+        self._of(self.upstream, provider, model, lane, kind, outcome).inc()
+        self._of(self.items, provider, model, lane).observe(event.items)
         usage = event.usage
         if usage is not None:
             plain = event.input_tokens_one_per_item
@@ -139,8 +150,8 @@ class GatewayMetrics:
     ) -> None:
         """A call ``wrap`` passed through: one upstream request of its own."""
         outcome = "ok" if status < 400 else str(status)
-        self.upstream.labels(provider, model, lane, "alone", outcome).inc()
-        self.items.labels(provider, model, lane).observe(1)
+        self._of(self.upstream, provider, model, lane, "alone", outcome).inc()
+        self._of(self.items, provider, model, lane).observe(1)
         log_upstream(
             {
                 "provider": provider, "api": api, "model": model, "lane": lane,
@@ -151,7 +162,7 @@ class GatewayMetrics:
     def proxied(self, provider: str, method: str, path: str, status: int, seconds: float) -> None:
         """A request of another path, proxied untouched (its path shown, no query)."""
         outcome = "ok" if status < 400 else str(status)
-        self.upstream.labels(provider, "none", "none", "proxied", outcome).inc()
+        self._of(self.upstream, provider, "none", "none", "proxied", outcome).inc()
         log_upstream(
             {
                 "provider": provider, "kind": "proxied", "method": method, "path": "/" + label(path.lstrip("/")),
@@ -163,12 +174,12 @@ class GatewayMetrics:
         self, api: str, model: str, lane: str, status: int, seconds: float, budget: float | None
     ) -> None:
         """A call through a coalescing route got its reply (or its error)."""
-        self.calls.labels(api, model, lane, str(status)).inc()
-        self.latency.labels(api, model, lane).observe(seconds)
+        self._of(self.calls, api, model, lane, str(status)).inc()
+        self._of(self.latency, api, model, lane).observe(seconds)
         if budget is not None:
             within = "true" if seconds <= budget else "false"
-            self.budget.labels(api, model, lane, within).inc()
-            self.budget_used.labels(lane).observe(seconds / budget)
+            self._of(self.budget, api, model, lane, within).inc()
+            self._of(self.budget_used, lane).observe(seconds / budget)
 
     def render(self) -> bytes:
         """The metrics in Prometheus' text format."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -196,7 +197,7 @@ async def read_call(state: GatewayState, api: Api, request: Request) -> Call:
         Refused: A malformed call (400), a missing or refused key (401), or a gateway
             without the upstream key it should hold (503).
     """
-    started = anyio.current_time()
+    started = time.monotonic()
     config, headers = state.config, request.headers
     raw = await _read(request, config.max_body_size)
     data = _json(raw)
@@ -320,7 +321,7 @@ def _finished(
 ) -> None:
     """Count a call that got its reply (and, passed through, its upstream request)."""
     metrics, api = state.metrics, call.api
-    seconds = anyio.current_time() - call.started
+    seconds = time.monotonic() - call.started
     metrics.in_flight.dec()
     if alone:
         metrics.alone(api.provider, api.name, call.model, lane, status, seconds)

@@ -69,6 +69,7 @@ def run(config: GatewayConfig, sock: socket.socket) -> None:
         lifespan="on",
         log_level=config.log_level,
         access_log=False,  # its lines carry query strings; the gateway logs its own
+        proxy_headers=False,  # the client's address is never used: no need to read it
         timeout_graceful_shutdown=math.ceil(config.graceful_timeout),
     )
     with _stop_quietly():
