@@ -231,11 +231,13 @@ class Planning:
         self.latency.observe(
             usage.input_tokens, usage.output_tokens, completion.seconds, ttft=completion.ttft
         )
-        # The reply's own frame ({"results": {...}}) is small; each item costs its
-        # output plus its key ("7":), which the planner adds back. A plain call's reply
+        # Each item costs its output plus its key ("7":), which the planner adds back;
+        # the reply's own frame ({"results": {...}}) is shared out among the items,
+        # rounded up, so a group's reply is never planned shorter than the one seen
+        # (at a deadline's edge a few tokens are the difference). A plain call's reply
         # is the output alone; a text one is written as a JSON string when packed.
         overhead = self.limits.per_item_output_overhead_tokens if packed else 0
-        per_item = max(1, round(usage.output_tokens / items) - overhead)
+        per_item = max(1, math.ceil(usage.output_tokens / items) - overhead)
         if text is not None:
             per_item += self.estimator.count(json.dumps(text)) - self.estimator.count(text)
         for _ in range(items):
