@@ -12,9 +12,12 @@ Chinese:
   that writes the packed format's own keys (``"id":``, ``"input":``, ``"results":``),
   as an item that tries to close the array or forge another item's id would;
 * **weak** signs, flagging only two together: an address to every item or to the other
-  inputs ("for every item", "the other reviews"), an answer dictated ("the correct
-  answer is", "answer positive", "respond with"), an order to copy or repeat ("copy the
-  text of", "repeat the other").
+  inputs ("for every item", "the other reviews", "these quotes", "mine and the rest"),
+  an address to the reader or the classifier ("whoever reads", "note to the
+  annotator"), an answer dictated ("the correct answer is", "answer positive",
+  "respond with", "mark each of them as"), an order to copy or repeat ("copy the text
+  of", "repeat the other"). Steering a neighbour takes naming the neighbours and
+  telling the reader what to answer, which is two signs however it is worded.
 
 It is a screen, not a proof: an attacker who knows it can word around it, and a
 review that happens to say "ignore the previous instructions" goes alone for nothing
@@ -109,6 +112,24 @@ _WEAK = [
     # copying or repeating what another item holds
     r"\b(copy|repeat|reveal|print|include|quote)\b.{0,20}\b(other|previous|next|first|every)\b"
     r".{0,20}\b(items?|inputs?|reviews?|snippets?|messages?|texts?|answers?)\b",
+    # the reader addressed: whoever classifies, or whoever reads the text
+    r"\b(whoever|anyone\s+who|the\s+one\s+who)\s+(reads?|grades?|labels?|classif(y|ies)"
+    r"|scores?|rates?|reviews?|process(es)?|checks?|sorts?)\b",
+    r"\b((note|message|instructions?|reminder|request|word)\s+(to|for)|dear|attention)\s+(the\s+"
+    r"|any\s+|all\s+)?(readers?|classifiers?|models?|assistants?|ai|annotators?|label+ers?|graders?"
+    r"|moderators?|bots?|llms?|raters?)\b",
+    # a label dictated for a set of items: "mark each quote as", "treat all of these as"
+    r"\b(mark|label|tag|classify|rate|grade|score|flag|treat|count|categori[sz]e|judge|record"
+    r"|consider|file)\s+(each|every|all|both|these|those|them|the\s+rest|the\s+others"
+    r"|everything|everyone)\b.{0,40}?\b(as|with)\b",
+    # the items named as a set, the writer's own among them
+    r"\b(mine|my\s+own|this\s+one|me)\s+(and|as\s+well\s+as|along\s+with|like)\s+(the\s+)?"
+    r"(rest|others|other\s+\w+|all|every)",
+    r"\b(the\s+rest|all\s+the\s+others|the\s+others|everyone\s+else)\s+(alike|too|as\s+well)\b",
+    r"\b(these|those|all\s+(of\s+)?(the|these|those))\s+(quotes|reviews|items|snippets|inputs"
+    r"|entries|texts|tickets|messages|documents|comments|requests|questions)\b",
+    r"\beach\s+(quote|review|item|snippet|input|entry|text|ticket|message|document|comment|one)"
+    r"\s+(here|below|above|in\s+(this|the)\s+(list|batch|request|prompt|set))\b",
     # the same signs in other languages
     r"\b(pour\s+chaque|pour\s+tous\s+les|f[uü]r\s+jede[ns]?|para\s+cada|per\s+ogni)\b",
     r"\b(la\s+bonne\s+r[eé]ponse|die\s+richtige\s+antwort|la\s+respuesta\s+correcta"
