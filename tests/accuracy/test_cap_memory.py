@@ -175,3 +175,37 @@ async def test_an_explicit_max_items_pins_the_cap_and_shadow_0_turns_learning_of
         assert fn.statistics().group_cap == 4
         assert max(r.items for r in sim.requests) == 4
     assert list(Path(os.environ["COALESCE_STORE"]).parent.glob("caps/*")) == []
+
+
+def summarizer(sim: SimulatedProvider, **options: Any) -> Any:
+    async def summarize(review: str) -> str:
+        """Summarize the review in one sentence."""
+
+    return coalesce.prompt(
+        client=sim.openai_client(),
+        model="gpt-4o-mini",
+        instructions=f"Summarize. {RULES}",
+        max_wait=0.5,
+        **options,
+    )(summarize)
+
+
+@pytest.mark.anyio
+async def test_free_text_learns_its_cap_only_with_an_agree_function() -> None:
+    # Two right answers in free text seldom match word for word: without agree=, the
+    # cap stays where it starts and nothing is shadowed (no cost, no false alarm).
+    sim = SimulatedProvider()
+    fn = summarizer(sim)
+    await ask_in_bursts(fn, 800)
+    await fn.aclose()
+    stats = fn.statistics()
+    assert (stats.group_cap, stats.shadow_requests) == (4, 0)
+    assert max(r.items for r in sim.requests) == 4
+    # With the user's own comparison, it learns as a classification does.
+    sim = SimulatedProvider()
+    fn = summarizer(sim, agree=lambda packed, plain: packed == plain)
+    await ask_in_bursts(fn, 800)
+    await fn.aclose()
+    stats = fn.statistics()
+    assert stats.group_cap > 4
+    assert stats.shadow_requests > 0

@@ -37,7 +37,7 @@ from .._observe.listeners import StatisticsListener
 from .._observe.recorder import PromptRecorder
 from .._planning.cost import PackingCost, voting_pays
 from .._planning.footprint import Footprint, footprint
-from .._planning.longest import bounded_output_tokens
+from .._planning.longest import bounded_output_tokens, has_free_text
 from .._planning.output import expected_output_tokens
 from .._planning.planner import PlanLimits
 from .._planning.policy import BudgetPolicy
@@ -120,7 +120,7 @@ def assemble(
     learning's ceiling, :data:`~coalesce._defaults.LEARNED_CAP_CEILING`; the shadow
     guard's cap, in the dispatch policy, keeps them to what was learned.
     """
-    learn = learns(options)
+    learn = learns(spec, options)
     if learn:
         options = options.replace(max_items=LEARNED_CAP_CEILING)
     estimator = options.token_estimator or estimator_for(spec.model)
@@ -162,10 +162,14 @@ def assemble(
     return parts
 
 
-def learns(options: Options) -> bool:
-    """Whether the function's group cap is learned: ``shadow=`` is on and ``max_items``
-    was not given (an explicit ``max_items`` pins it)."""
-    return options.shadow > 0 and not cap_given(options.max_items)
+def learns(spec: FunctionSpec, options: Options) -> bool:
+    """Whether the function's group cap is learned: ``shadow=`` is on, ``max_items``
+    was not given (an explicit ``max_items`` pins it), and answers can be compared:
+    an output with free text in it learns only with the user's own ``agree=`` (equal
+    wording is no test of a free answer; a packed and a plain answer would seldom
+    agree, and the cap would fall for nothing)."""
+    comparable = options.agree is not None or not has_free_text(spec.output_schema)
+    return options.shadow > 0 and not cap_given(options.max_items) and comparable
 
 
 def shadow_rate(options: Options, learn: bool) -> float:

@@ -12,7 +12,7 @@ from typing import Any
 
 from .tokens import TokenEstimator
 
-__all__ = ["bounded_output_tokens"]
+__all__ = ["bounded_output_tokens", "has_free_text"]
 
 
 def bounded_output_tokens(schema: Mapping[str, Any], estimator: TokenEstimator) -> int | None:
@@ -33,6 +33,42 @@ def bounded_output_tokens(schema: Mapping[str, Any], estimator: TokenEstimator) 
     if longest is _UNBOUNDED:
         return None
     return estimator.count(json.dumps(longest, ensure_ascii=False, separators=(",", ":")))
+
+
+def has_free_text(schema: Mapping[str, Any]) -> bool:
+    """Whether an answer of ``schema`` may hold free text: a string with no ``enum``,
+    ``const`` or known ``format``, or a part whose type is not said (any JSON),
+    anywhere in it. Two right answers of free text rarely match word for word.
+
+    Args:
+        schema: A JSON schema (as pydantic writes it).
+    """
+    return _free(schema, schema, depth=0)
+
+
+def _free(node: Any, root: Mapping[str, Any], *, depth: int) -> bool:
+    if isinstance(node, bool) or not isinstance(node, Mapping) or depth > 32:
+        return node is not False  # True or {}: anything; a recursive schema: assume so
+    if "const" in node or "enum" in node:
+        return False
+    if "$ref" in node:
+        ref = node["$ref"]
+        if not isinstance(ref, str) or not ref.startswith("#/$defs/"):
+            return True
+        return _free(root.get("$defs", {}).get(ref.removeprefix("#/$defs/")), root, depth=depth + 1)
+    parts = [n for union in ("anyOf", "oneOf", "allOf") for n in node.get(union, ())]
+    kinds = node.get("type")
+    kinds = [kinds] if isinstance(kinds, str) else kinds
+    if not parts and not kinds:
+        return True
+    if kinds and "string" in kinds and node.get("format") not in _FORMATTED:
+        return True
+    parts += list(node.get("properties", {}).values())
+    parts += [
+        node[key] for key in ("items", "additionalProperties") if isinstance(node.get(key), Mapping)
+    ]
+    parts += list(node.get("prefixItems", ()))
+    return any(_free(part, root, depth=depth + 1) for part in parts)
 
 
 _UNBOUNDED: Any = object()
