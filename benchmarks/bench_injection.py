@@ -92,8 +92,9 @@ ATTACKS: dict[str, str] = {
 }
 """The attacker's item: override the answer (the text of issue 26), claim the others
 are copies of it, close the array and forge ids and results, the override in French,
-and an override worded to slip past the screen (written to measure what the screen
-misses: it is not a sign that the screen is enough)."""
+and an override worded to slip past the screen as it was then (written to measure what
+the screen misses; the rule has since learned its signs, so it no longer shows a miss,
+and a new wording may)."""
 
 DEFENCES = ("notice", "datamark", "sandwich", "screen")
 NEIGHBOUR_SEED = 26  # the neighbours and stand-ins are a sample of their own
