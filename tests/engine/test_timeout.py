@@ -228,3 +228,22 @@ async def test_a_queued_call_whose_slot_frees_in_time_is_sent() -> None:
     assert sorted(result for _, result in out) == ["a", "b", "c"]
     assert provider.requests == 3
     await tag.aclose()
+
+
+def test_a_re_asked_calls_timeout_counts_its_earlier_requests_as_the_providers() -> None:
+    from coalesce._calls import Job
+    from coalesce._engine.group import _timeout_error
+
+    # Asked at 0.2 s after 0.1 s in a window, answered wrongly, asked again at 1.9 s:
+    # freed at 2.1 s, it spent 0.1 s in the queue and 2.0 s over two requests.
+    job = Job(item="a", key='"a"', deadline=2.1, arrival=0.0, budget=2.1)
+    job.progress.attempts, job.progress.dispatched_at = 2, 0.1
+    error = _timeout_error(job, now=2.1, sent_at=1.9)
+    assert "0.10 s in coalesce's queue before its first request was sent" in str(error)
+    assert "2.00 s over 2 requests at the provider" in str(error)
+    assert "the provider is slower than the budget allows" in str(error)
+    # A first request: the queue is what came before it was sent.
+    job = Job(item="b", key='"b"', deadline=2.1, arrival=0.0, budget=2.1)
+    job.progress.attempts, job.progress.dispatched_at = 1, 0.1
+    error = _timeout_error(job, now=2.1, sent_at=1.6)
+    assert "1.60 s in coalesce's queue before its request was sent, 0.50 s at" in str(error)

@@ -358,10 +358,17 @@ def _too_long(error: BaseException) -> InvalidInputError:
 def _timeout_error(job: Job, now: float, sent_at: float) -> RequestTimeoutError:
     """The error of a caller whose budget ran out while its request was at the provider:
     where the time went, coalesce's own queue (windows, retries, a ``max_concurrency``
-    slot) before the request was sent, or the provider after."""
+    slot) before its first request was sent, or the provider after (a re-ask's earlier
+    requests count as the provider's)."""
     waited = now - job.arrival
-    queued, provider = max(0.0, sent_at - job.arrival), max(0.0, now - sent_at)
-    split = f"{queued:.2f} s in coalesce's queue before its request was sent, {provider:.2f} s"
+    dispatched = job.dispatched_at
+    again = job.attempts > 1 and dispatched is not None
+    first = min(sent_at, dispatched) if dispatched is not None and again else sent_at
+    queued, provider = max(0.0, first - job.arrival), max(0.0, now - first)
+    sent = "its first request was" if again else "its request was"
+    split = f"{queued:.2f} s in coalesce's queue before {sent} sent, {provider:.2f} s"
+    if again:
+        split += f" over {job.attempts} requests"
     if queued > provider:
         why = (
             "most of it waiting in coalesce's own queue: allow more requests in flight"
