@@ -48,3 +48,24 @@ class Nested(pydantic.BaseModel):
 )
 def test_free_text_is_a_string_without_enum_or_format(output: Any, free: bool) -> None:
     assert has_free_text(pydantic.TypeAdapter(output).json_schema()) is free
+
+
+@pytest.mark.parametrize(
+    ("schema", "free"),
+    [
+        ({"type": ["string", "null"]}, True),
+        ({"type": ["integer", "null"]}, False),
+        ({"type": "object", "properties": ["not", "a", "mapping"]}, False),
+        ({"anyOf": {"type": "string"}}, True),  # a malformed union: nothing said
+        ({"$ref": "#/$defs/Missing"}, True),
+        ({"$ref": "#/$defs/Tag", "$defs": []}, True),
+        ({"type": 7}, True),
+        ({"type": "string", "format": "date"}, False),
+    ],
+)
+def test_any_schema_a_user_may_send_is_read_without_error(
+    schema: dict[str, Any], free: bool
+) -> None:
+    # wrap's schemas come from the caller's response_format: whatever its shape, the
+    # answer is a bool; what it cannot read counts as free text (nothing learned).
+    assert has_free_text(schema) is free

@@ -52,23 +52,30 @@ def _free(node: Any, root: Mapping[str, Any], *, depth: int) -> bool:
     if "const" in node or "enum" in node:
         return False
     if "$ref" in node:
-        ref = node["$ref"]
-        if not isinstance(ref, str) or not ref.startswith("#/$defs/"):
+        ref, defs = node["$ref"], root.get("$defs")
+        if not (isinstance(ref, str) and ref.startswith("#/$defs/") and isinstance(defs, Mapping)):
             return True
-        return _free(root.get("$defs", {}).get(ref.removeprefix("#/$defs/")), root, depth=depth + 1)
-    parts = [n for union in ("anyOf", "oneOf", "allOf") for n in node.get(union, ())]
+        return _free(defs.get(ref.removeprefix("#/$defs/")), root, depth=depth + 1)
+    parts = [n for union in ("anyOf", "oneOf", "allOf") for n in _listed(node.get(union))]
     kinds = node.get("type")
-    kinds = [kinds] if isinstance(kinds, str) else kinds
+    kinds = [kinds] if isinstance(kinds, str) else _listed(kinds)
     if not parts and not kinds:
         return True
-    if kinds and "string" in kinds and node.get("format") not in _FORMATTED:
+    if "string" in kinds and node.get("format") not in _FORMATTED:
         return True
-    parts += list(node.get("properties", {}).values())
+    properties = node.get("properties")
+    if isinstance(properties, Mapping):
+        parts += properties.values()
     parts += [
         node[key] for key in ("items", "additionalProperties") if isinstance(node.get(key), Mapping)
     ]
-    parts += list(node.get("prefixItems", ()))
+    parts += _listed(node.get("prefixItems"))
     return any(_free(part, root, depth=depth + 1) for part in parts)
+
+
+def _listed(value: Any) -> list[Any]:
+    """``value`` if it is a list (a schema's ``anyOf``, ``type`` or ``prefixItems``)."""
+    return list(value) if isinstance(value, list) else []
 
 
 _UNBOUNDED: Any = object()
