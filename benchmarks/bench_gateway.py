@@ -51,6 +51,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+from unittest import mock
 
 import anyio
 import httpx
@@ -393,16 +394,10 @@ def _fresh_store() -> Iterator[None]:
     the client processes: the group cap is learned from its start (4) in the first
     arm, and the later arms start where it stopped, as a restarted gateway, or another
     process of the same app, does (``docs/accuracy.md``, the learned group cap)."""
-    before = os.environ.get("COALESCE_STORE")
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as directory:
-        os.environ["COALESCE_STORE"] = os.path.join(directory, "jobs.sqlite3")
-        try:
+        store = {"COALESCE_STORE": os.path.join(directory, "jobs.sqlite3")}
+        with mock.patch.dict(os.environ, store):
             yield
-        finally:
-            if before is None:
-                os.environ.pop("COALESCE_STORE", None)
-            else:
-                os.environ["COALESCE_STORE"] = before
 
 
 def print_savings(runs: dict[str, dict[str, Any]], calls: int, options: str) -> None:

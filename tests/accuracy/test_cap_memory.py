@@ -117,17 +117,22 @@ def test_a_guard_starts_where_its_memory_stopped_within_its_limit(tmp_path: Path
 Label = Literal["positive", "negative", "neutral"]
 
 
+def prompted(sim: SimulatedProvider, fn: Any, task: str, **options: Any) -> Any:
+    """``fn`` as a ``@coalesce.prompt`` function of its own instructions on ``sim``."""
+    return coalesce.prompt(
+        client=sim.openai_client(),
+        model="gpt-4o-mini",
+        instructions=f"{task} {RULES}",
+        max_wait=0.5,
+        **options,
+    )(fn)
+
+
 def classifier(sim: SimulatedProvider, **options: Any) -> Any:
     async def classify(review: str) -> Label:
         """Classify the review's sentiment."""
 
-    return coalesce.prompt(
-        client=sim.openai_client(),
-        model="gpt-4o-mini",
-        instructions=f"Classify. {RULES}",
-        max_wait=0.5,
-        **options,
-    )(classify)
+    return prompted(sim, classify, "Classify.", **options)
 
 
 async def ask_in_bursts(fn: Any, n: int, burst: int = 32) -> None:
@@ -181,13 +186,7 @@ def summarizer(sim: SimulatedProvider, **options: Any) -> Any:
     async def summarize(review: str) -> str:
         """Summarize the review in one sentence."""
 
-    return coalesce.prompt(
-        client=sim.openai_client(),
-        model="gpt-4o-mini",
-        instructions=f"Summarize. {RULES}",
-        max_wait=0.5,
-        **options,
-    )(summarize)
+    return prompted(sim, summarize, "Summarize.", **options)
 
 
 @pytest.mark.anyio

@@ -361,9 +361,9 @@ def _timeout_error(job: Job, now: float, sent_at: float) -> RequestTimeoutError:
     slot) before its first request was sent, or the provider after (a re-ask's earlier
     requests count as the provider's)."""
     waited = now - job.arrival
-    dispatched = job.dispatched_at
-    again = job.attempts > 1 and dispatched is not None
-    first = min(sent_at, dispatched) if dispatched is not None and again else sent_at
+    earlier = job.dispatched_at if job.attempts > 1 else None  # a re-ask's first request
+    again = earlier is not None
+    first = sent_at if earlier is None else min(sent_at, earlier)
     queued, provider = max(0.0, first - job.arrival), max(0.0, now - first)
     sent = "its first request was" if again else "its request was"
     split = f"{queued:.2f} s in coalesce's queue before {sent} sent, {provider:.2f} s"
