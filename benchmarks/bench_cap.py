@@ -233,6 +233,9 @@ async def right(url: str, learn: int, measure: int, rate: float, seed: int) -> R
         cells = [f"{p['ratio']:.3f}", f"{p['within']:.1%}", p["requests"], p["plain_requests"]]
         print(row([f"{name} ({'first' if name == 'learning' else 'next'})", *cells]))
     print(f"\nwithin budget, all {n}: {within:.2%}; failed calls: {stats.calls_failed}")
+    for i, answer in enumerate(run.answers):
+        if isinstance(answer, Exception):
+            print(f"- call {i + 1} failed after {run.latencies[i]:.2f} s: {answer!r:.300}")
     print(
         f"shadow calls: {stats.shadow_requests} ({learning.learning_requests} to learn the"
         f" cap, the rest at the long-run rate), about"

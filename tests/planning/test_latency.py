@@ -194,6 +194,31 @@ def test_margin_is_learned_from_observed_ratios() -> None:
     assert 1.05 < margin < 1.5  # lognormal(0.1) noise: p95 ratio about 1.15
 
 
+def test_a_delay_of_fixed_seconds_learned_on_long_calls_covers_a_short_one() -> None:
+    # Every reply is late by up to 0.3 s whatever its size (the network, a busy event
+    # loop). Learned on 4-5 s calls, that is a ratio of about 1.03, which covers a
+    # 0.7 s call a third of the time; the slack in seconds covers it. (The prior is the
+    # truth, 0.15 s of mean delay included: calls of one size cannot tell the overhead
+    # from the decode speed, and this test is about the margin, not the fit.)
+    truth = LatencyPrior(overhead=0.5, prefill_per_token=0.0002, decode_per_token=1 / 80)
+    model, rng = LatencyModel(truth, quantile=0.95), random.Random(3)
+
+    def seconds(n_out: int) -> float:
+        return 0.35 + 0.0002 * 500 + n_out / 80 + rng.uniform(0.0, 0.3)
+
+    for _ in range(300):
+        n_out = rng.randint(300, 400)
+        model.observe(500, n_out, seconds(n_out))
+    short = model.predict(500, 10).total
+    draws = [seconds(10) for _ in range(2000)]
+    assert sum(short >= took for took in draws) / 2000 >= 0.9
+    by_ratio = model.predict_mean(500, 10).total * model.parameters().total_margin
+    assert sum(by_ratio >= took for took in draws) / 2000 < 0.6
+    long_calls = [(n_out, seconds(n_out)) for n_out in (rng.randint(300, 400) for _ in range(2000))]
+    long_hits = sum(model.predict(500, n).total >= took for n, took in long_calls)
+    assert 0.9 <= long_hits / 2000 <= 0.99
+
+
 # -- few and collinear observations ----------------------------------------------------
 
 

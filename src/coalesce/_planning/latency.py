@@ -266,7 +266,7 @@ class LatencyModel:
         # calibration transient (a cold prior) in the margin for a whole window.
         self.margin_window = margin_window
         self._recent: deque[tuple[int, int, float, float | None]] = deque(maxlen=margin_window)
-        self._margin_cache: tuple[float, float] | None = None
+        self._margin_cache: tuple[float, float, float] | None = None
         self._observations = 0
         self._prior_strength = prior_weight
 
@@ -291,8 +291,9 @@ class LatencyModel:
             output_tokens: Output tokens the call is expected to produce.
         """
         mean = self.predict_mean(input_tokens, output_tokens)
-        total = mean.total * self._total_margin()
-        ttft = min(mean.ttft * self._ttft_margin(), total)
+        margin, first, slack = self._margins()
+        total = max(mean.total * margin, mean.total + slack)
+        ttft = min(mean.ttft * first, total)
         return Prediction(ttft, total)
 
     def parameters(self) -> LatencyParameters:
@@ -306,16 +307,23 @@ class LatencyModel:
     def _ttft_margin(self) -> float:
         return self._margins()[1]
 
-    def _margins(self) -> tuple[float, float]:
-        """(total, ttft) margins: conformal quantiles of observed/predicted ratios of
-        the recent measurements under the current coefficients (cached until the next
-        observation)."""
+    def _margins(self) -> tuple[float, float, float]:
+        """(total, ttft) margins and the total's slack in seconds, from the recent
+        measurements under the current coefficients (cached until the next observation).
+
+        The margins are conformal quantiles of observed/predicted ratios: errors that
+        grow with a call's size (a provider slower than the fit). The slack is the same
+        quantile of observed minus predicted seconds: delays that do not (the network,
+        the caller's own event loop), which a ratio learned on long calls understates
+        for a short one. A prediction is the larger of the two bounds."""
         if self._margin_cache is None:
             totals = WindowQuantile(self.margin_window)
             ttfts = WindowQuantile(self.margin_window)
+            excess = WindowQuantile(self.margin_window)
             for input_tokens, output_tokens, seconds, ttft in self._recent:
                 mean = self.predict_mean(input_tokens, output_tokens)
                 totals.add(seconds / max(mean.total, _MIN_PREDICTION))
+                excess.add(seconds - mean.total)
                 if ttft is not None:
                     ttfts.add(ttft / max(mean.ttft, _MIN_PREDICTION))
             total = (
@@ -328,7 +336,12 @@ class LatencyModel:
                 if len(ttfts) < self.min_margin_samples
                 else _conformal_quantile(ttfts, self.quantile)
             )
-            self._margin_cache = (total, first)
+            slack = (
+                0.0
+                if len(excess) < self.min_margin_samples
+                else max(0.0, _conformal_quantile(excess, self.quantile))
+            )
+            self._margin_cache = (total, first, slack)
         return self._margin_cache
 
     # -- calibration -------------------------------------------------------------
