@@ -7,8 +7,9 @@ A call's duration is modelled as::
 
 The three coefficients start from a :class:`LatencyPrior` and are calibrated online from
 measured calls by a robust, forgetting, prior-regularised least squares fit (see
-``docs/latency-model.md``). Predictions are high quantiles (p95 by default): the mean
-prediction times a margin learned from the ratios of observed to predicted durations.
+``docs/latency-model.md``). Predictions are high quantiles (p95 by default): the larger
+of the mean prediction times a margin learned from the ratios of observed to predicted
+durations, and the mean plus a slack learned from their differences in seconds.
 """
 
 from __future__ import annotations
