@@ -21,6 +21,7 @@ Run: ``python benchmarks/bench_cold.py [--calls 40] [--budget 2]``; about half a
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import tempfile
@@ -73,28 +74,31 @@ def sdk(url: str) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="sk-sim", max_retries=0)
 
 
+async def chat(client: Any, n: int) -> str:
+    """Question ``n`` as a chat call with the shared instructions; the reply's text."""
+    reply = await client.chat.completions.create(
+        model=MODEL,
+        messages=[
+            {"role": "system", "content": INSTRUCTIONS},
+            {"role": "user", "content": question(n)},
+        ],
+    )
+    return str(reply.choices[0].message.content or "")
+
+
 async def plain(url: str, calls: int, budget: float, options: dict[str, Any]) -> list[float]:
     client = sdk(url)
-
-    async def one(n: int) -> str:
-        reply = await client.chat.completions.create(
-            model=MODEL,
-            messages=[
-                {"role": "system", "content": INSTRUCTIONS},
-                {"role": "user", "content": question(n)},
-            ],
-        )
-        return reply.choices[0].message.content or ""
-
     try:
-        return await burst(calls, one)
+        return await burst(calls, lambda n: chat(client, n))
     finally:
         await client.close()
 
 
 async def prompt(url: str, calls: int, budget: float, options: dict[str, Any]) -> list[float]:
+    client = sdk(url)
+
     @coalesce.prompt(
-        client=sdk(url), model=MODEL, instructions=INSTRUCTIONS, latency_budget=budget, **options
+        client=client, model=MODEL, instructions=INSTRUCTIONS, latency_budget=budget, **options
     )
     async def answer(text: str) -> str:  # type: ignore[empty-body]
         """(instructions= above)"""
@@ -102,24 +106,14 @@ async def prompt(url: str, calls: int, budget: float, options: dict[str, Any]) -
     try:
         return await burst(calls, lambda n: answer(question(n)))
     finally:
-        await answer.aclose()
+        await answer.aclose()  # leaves the client to its owner
+        await client.close()
 
 
 async def wrap(url: str, calls: int, budget: float, options: dict[str, Any]) -> list[float]:
     client = coalesce.wrap(sdk(url), latency_budget=budget, **options)
-
-    async def one(n: int) -> str:
-        reply = await client.chat.completions.create(
-            model=MODEL,
-            messages=[
-                {"role": "system", "content": INSTRUCTIONS},
-                {"role": "user", "content": question(n)},
-            ],
-        )
-        return reply.choices[0].message.content or ""
-
     try:
-        return await burst(calls, one)
+        return await burst(calls, lambda n: chat(client, n))
     finally:
         await client.aclose()
 
@@ -179,14 +173,8 @@ async def main(args: argparse.Namespace) -> None:
 
 def compact(items: list[int]) -> str:
     """``[1, 4, 4, 4, 3]`` as ``1, 4 x3, 3``."""
-    parts: list[str] = []
-    for n in items:
-        if parts and parts[-1].split(" x")[0] == str(n):
-            head, _, count = parts[-1].partition(" x")
-            parts[-1] = f"{head} x{int(count or 1) + 1}"
-        else:
-            parts.append(str(n))
-    return ", ".join(parts)
+    runs = [(n, len(list(run))) for n, run in itertools.groupby(items)]
+    return ", ".join(f"{n} x{count}" if count > 1 else str(n) for n, count in runs)
 
 
 if __name__ == "__main__":
