@@ -345,7 +345,12 @@ def _decorator(
     return lambda fn: _decorate(fn, options=options, request_options=request_options, **where)
 
 
-_OPTION_NAMES = tuple(field.name for field in dataclasses.fields(Options))
+#: The options ``prompt()`` takes (``item_output_cap`` is the drop-in client's own).
+_OPTION_NAMES = tuple(
+    field.name
+    for field in dataclasses.fields(Options)
+    if field.name in inspect.signature(prompt).parameters
+)
 #: Every keyword ``prompt()`` takes itself; anything else is a request option.
 _PROMPT_KEYWORDS = tuple(
     name

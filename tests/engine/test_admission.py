@@ -3,8 +3,9 @@
 Pure checks first (the JSON check, the context-window table and the providers'
 context-length messages, the group policy with hand-built jobs), then the promise
 end to end: a poison item among nine innocent ones, through ``@coalesce.prompt`` and
-through ``coalesce.wrap``, gives nine right answers, one ``InvalidInputError`` and one
-request of nine items.
+through ``coalesce.wrap``, gives nine right answers, one failure and one request of
+nine items (``prompt`` refuses an item past the window with ``InvalidInputError``;
+``wrap`` sends it as the plain call would be sent, and the provider refuses it).
 """
 
 from __future__ import annotations
@@ -505,18 +506,39 @@ def message(text: str) -> dict[str, Any]:
     }
 
 
-# A wrapped call's item is its last message's text: the poisons a string can carry.
+# A wrapped call's item is its last message's text: the poisons a string can carry. The
+# surrogate cannot be sent at all (coalesce refuses it with InvalidInputError before
+# anything is sent); the item past the model's window is sent as it is, as the plain
+# call would be, and the provider refuses it with the SDK's own error. Either way the
+# nine others share one request.
 WRAP_POISON = [
-    pytest.param("bad \ud800 here", id="surrogate"),
-    pytest.param("word " * 210_000, id="too-many-tokens"),  # past 128k and 200k windows
+    pytest.param("bad \ud800 here", None, id="surrogate"),
+    pytest.param("word " * 210_000, 1, id="too-many-tokens"),  # past 128k and 200k windows
 ]
+
+#: The windows the simulator enforces, as the real models do.
+WINDOWS = {"gpt-4o-mini": 128_000, "claude-3-5-haiku": 200_000}
+
+
+def assert_nine_right_and_one_failed(
+    results: list[Any], expected: list[Any], sent_alone: int | None, sdk_error: type[Exception]
+) -> None:
+    *innocent, poisoned = results
+    assert innocent == expected
+    if sent_alone is None:
+        assert isinstance(poisoned, InvalidInputError), poisoned
+    else:  # the plain call's own failure: the SDK's error, the provider's words
+        assert isinstance(poisoned, sdk_error), poisoned
+        assert is_context_error(poisoned), poisoned
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("poison", WRAP_POISON)
+@pytest.mark.parametrize(("poison", "sent_alone"), WRAP_POISON)
 @pytest.mark.parametrize("stream", [False, True])
-async def test_wrap_openai_a_poison_item_fails_only_its_caller(poison: str, stream: bool) -> None:
-    sim = SimulatedProvider()
+async def test_wrap_openai_a_poison_item_fails_only_its_caller(
+    poison: str, sent_alone: int | None, stream: bool
+) -> None:
+    sim = SimulatedProvider(context_window=WINDOWS)
     texts = [f"q{i}" for i in range(9)]
 
     async def create(text: str) -> str:
@@ -531,16 +553,23 @@ async def test_wrap_openai_a_poison_item_fails_only_its_caller(poison: str, stre
         sim.openai_client(max_retries=0), max_items=10, max_wait=0.5, packing="always"
     ) as client:
         results = await call_all(create, [*texts, poison])
-    assert_nine_right_and_one_refused(
-        results, [sim.expected_output(t, {"type": "string"}) for t in texts]
+    assert_nine_right_and_one_failed(
+        results,
+        [sim.expected_output(t, {"type": "string"}) for t in texts],
+        sent_alone,
+        openai.BadRequestError,
     )
-    assert [r.items for r in sim.requests] == [9]
+    assert sorted(r.items for r in sim.requests) == sorted(
+        [9, *([sent_alone] if sent_alone else [])]
+    )
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("poison", WRAP_POISON)
-async def test_wrap_anthropic_a_poison_item_fails_only_its_caller(poison: str) -> None:
-    sim = SimulatedProvider()
+@pytest.mark.parametrize(("poison", "sent_alone"), WRAP_POISON)
+async def test_wrap_anthropic_a_poison_item_fails_only_its_caller(
+    poison: str, sent_alone: int | None
+) -> None:
+    sim = SimulatedProvider(context_window=WINDOWS)
     texts = [f"t{i}" for i in range(9)]
 
     async def create(text: str) -> str:
@@ -553,10 +582,15 @@ async def test_wrap_anthropic_a_poison_item_fails_only_its_caller(poison: str) -
         sim.anthropic_client(max_retries=0), max_items=10, max_wait=0.5, packing="always"
     ) as client:
         results = await call_all(create, [*texts, poison])
-    assert_nine_right_and_one_refused(
-        results, [sim.expected_output(t, {"type": "string"}) for t in texts]
+    assert_nine_right_and_one_failed(
+        results,
+        [sim.expected_output(t, {"type": "string"}) for t in texts],
+        sent_alone,
+        anthropic.BadRequestError,
     )
-    assert [r.items for r in sim.requests] == [9]
+    assert sorted(r.items for r in sim.requests) == sorted(
+        [9, *([sent_alone] if sent_alone else [])]
+    )
 
 
 @pytest.mark.anyio
@@ -618,11 +652,13 @@ async def test_a_window_learned_from_the_provider_refuses_later_items_at_once() 
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("kind", ["openai", "anthropic"])
-async def test_wrap_learns_the_window_from_the_providers_refusal(kind: str) -> None:
-    # The deployment's window is far smaller than the table's figure for the model. (With
-    # anthropic, the reply cap of a wrapped call, 200 x 8 items, is reserved in it too.)
+async def test_wrap_answers_a_call_past_the_window_as_the_plain_call(kind: str) -> None:
+    # The deployment's window is far smaller than the table's figure for the model. A
+    # call too long for it fails as the plain call would, with the SDK's own error,
+    # before (nothing known) and after the window is learned (sent as it is, alone).
     sim = SimulatedProvider(context_window=2000)
     long, short = "river stone light " * 900, "hi"  # some 2,700 tokens, and a few
+    sdk_error = openai.BadRequestError if kind == "openai" else anthropic.BadRequestError
 
     async def create(text: str) -> str:
         if kind == "openai":
@@ -639,10 +675,9 @@ async def test_wrap_learns_the_window_from_the_providers_refusal(kind: str) -> N
         else sim.anthropic_client(max_retries=0)
     )
     async with wrap(sdk_client, max_wait=0.0, packing="always") as client:
-        with pytest.raises(InvalidInputError, match="the provider said") as info:
-            await create(long)  # refused by the provider: nothing was known yet
-        assert isinstance(info.value.__cause__, (openai.BadRequestError, anthropic.BadRequestError))
-        with pytest.raises(InvalidInputError, match="context window of 2,000 \\(as the provider"):
-            await create(long)  # refused at once from now on
+        for _ in range(2):
+            with pytest.raises(sdk_error) as info:
+                await create(long)
+            assert is_context_error(info.value)
         assert await create(short) == sim.expected_output(short, {"type": "string"})
-    assert [r.status for r in sim.requests] == [400, 200]
+    assert [r.status for r in sim.requests] == [400, 400, 200]

@@ -32,6 +32,7 @@ from .._calls import Job
 from .._exceptions import InvalidInputError, RequestTimeoutError
 from .._planning.context import ContextWindow
 from .._planning.footprint import Footprint
+from .._planning.output import request_output_cap
 from .._planning.planner import PlanItem, PlanLimits, group_tokens
 from .._planning.tokens import TokenEstimator, count_json_tokens
 from .spec import FunctionSpec, Options
@@ -53,6 +54,9 @@ class Admission:
         reply_cap: The ``max_output_tokens`` of a request: the provider keeps room for
             the whole cap in the window, so it is reserved instead of the outputs.
         max_items: Most items in one request.
+        item_cap: Each call's own cap on its answer (``item_output_cap``): a bound, not
+            a forecast, so it is not reserved; each request's ``max_tokens`` is sized
+            from it by :meth:`request_cap`.
     """
 
     def __init__(
@@ -64,6 +68,7 @@ class Admission:
         output_tokens: int,
         reply_cap: int | None = None,
         max_items: int = 1,
+        item_cap: int | None = None,
     ) -> None:
         self.window = window
         self.footprint = footprint
@@ -71,6 +76,7 @@ class Admission:
         self.output_tokens = output_tokens
         self.reply_cap = reply_cap
         self.max_items = max_items
+        self.item_cap = item_cap
         self.limits = PlanLimits(
             shared_tokens=footprint.shared,
             per_item_overhead_tokens=footprint.item_frame,
@@ -108,6 +114,34 @@ class Admission:
         if limit is not None and plan.input_tokens > self._room(limit, plan.output_tokens):
             raise self._too_large(plan, limit)
         return plan
+
+    def oversized(self, item: Any) -> bool:
+        """Whether ``item`` cannot fit the model's known context window with the
+        instructions and its expected output. The drop-in client sends such a call as
+        it is, for the provider to judge, as it would judge the plain call."""
+        limit = self.window.limit
+        if limit is None:
+            return False
+        room = self._room(limit, self.output_tokens)
+        if isinstance(item, str) and 4 * len(item) <= room:
+            return False  # a token is at least one UTF-8 byte, a character at most four
+        return count_json_tokens(item, self.estimator) > room
+
+    def request_cap(self, jobs: Sequence[Job]) -> int | None:
+        """The ``max_tokens`` of one request carrying ``jobs`` (one per item), by
+        :func:`~coalesce._planning.output.request_output_cap`."""
+        if self.item_cap is None:
+            return self.reply_cap
+        inputs, outputs = group_tokens(_plans(jobs), self.limits)
+        limit = self.window.limit
+        return request_output_cap(
+            len(jobs),
+            item_cap=self.item_cap,
+            configured=self.reply_cap,
+            expected=outputs,
+            model_limit=self.window.output_limit,
+            room=None if limit is None else limit - inputs,
+        )
 
     def _tokens(self, item: Any, size: int, limit: int | None) -> int:
         """``item``'s input tokens: its ``size`` bounds them, unless that is too coarse."""
@@ -174,6 +208,7 @@ def admission_for(
         output_tokens=output_tokens,
         reply_cap=options.max_output_tokens,
         max_items=options.max_items,
+        item_cap=options.item_output_cap,
     )
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +33,7 @@ from .._batching.batcher import Resolve
 from .._calls import GroupObserver, Job, RequestReport
 from .._defaults import REQUEST_TIMEOUT
 from .._exceptions import InvalidInputError, RequestTimeoutError
-from .._planning.context import is_context_error
+from .._planning.context import is_context_error, is_limit_error
 from .._planning.cost import PackingCost
 from .._planning.planner import streaming_order
 from .._planning.state import Planning
@@ -69,6 +69,8 @@ class Group:
     cost: PackingCost | None = None  # None: packing always pays
     cache_key: str | None = None
     reverse: bool = False  # write each request's items in the reverse of the usual order
+    # The max_tokens of a request carrying these jobs (one per item); None: the option's.
+    output_cap: Callable[[Sequence[Job]], int | None] | None = None
 
     @property
     def pays_from(self) -> float:
@@ -200,9 +202,9 @@ async def ask(group: Group, jobs: list[Job], indexes: list[int], resolve: Resolv
     if sent.error is not None and not sent.streamed:
         _report(group, asked, sent, {})
         error = sent.error
+        if is_limit_error(error) and len(asked.slots) > 1:
+            return indexes  # too long for the model together: asked again in halves
         if is_context_error(error):
-            if len(asked.slots) > 1:
-                return indexes  # too long for the model together: asked again in halves
             error = _too_long(error)
         for index in indexes:  # the provider's own error, to this request's callers only
             if not jobs[index].done:
@@ -232,7 +234,7 @@ def build(group: Group, jobs: list[Job], indexes: list[int]) -> Asked:
         system=packed.system,
         user=packed.user,
         reply_schema=(packed.reply_schema or None) if spec.provider.structured else None,
-        max_output_tokens=options.max_output_tokens,
+        max_output_tokens=_output_cap(group, [jobs[member[0]] for member in members]),
         stream=options.stream,
         options=spec.request_options,
         cache_key=group.cache_key,
@@ -309,6 +311,13 @@ async def _request(group: Group, asked: Asked, sent: Sent, resolve: Resolve) -> 
             finish_reason="length",
             seconds=anyio.current_time() - started,
         )
+
+
+def _output_cap(group: Group, jobs: list[Job]) -> int | None:
+    """The ``max_tokens`` of the request carrying ``jobs``."""
+    if group.output_cap is None:
+        return group.options.max_output_tokens
+    return group.output_cap(jobs)
 
 
 def _attempt_timeout(options: Options, deadline: float, provider: Any) -> float | None:

@@ -35,6 +35,7 @@ from .._exceptions import CoalesceWarning
 from .._observe.dispatch import DispatchListener, request_predictor
 from .._observe.listeners import StatisticsListener
 from .._observe.recorder import PromptRecorder
+from .._planning.context import known_output_limit
 from .._planning.cost import PackingCost, voting_pays
 from .._planning.footprint import Footprint, footprint
 from .._planning.longest import bounded_output_tokens, has_free_text
@@ -147,8 +148,9 @@ def assemble(
     listeners += [vote_costs] if options.vote else []
     listeners += [positions] if shadow is not None else []
     group = Group(
-        spec, options, Observers(*listeners, *observers), planning, trust, cost, cache_key(spec)
-    )
+        spec, options, Observers(*listeners, *observers), planning, trust, cost, cache_key(spec),
+        output_cap=admission.request_cap,
+    )  # fmt: skip
     cap = None if shadow is None else (lambda: shadow.cap)
     budget = None if planning is None else BudgetPolicy(planning)
     policy = ContextPolicy(admission, budget, cap)
@@ -304,6 +306,14 @@ def _warn_packing_cannot_pay(spec: FunctionSpec, footprint: Footprint, max_items
     )
 
 
+def _output_limit(model: str, configured: int | None) -> int | None:
+    """The most output tokens a planned request may expect: the function's cap, within
+    the model's known output limit."""
+    known = known_output_limit(model)
+    limits = [limit for limit in (configured, known) if limit is not None]
+    return min(limits, default=None)
+
+
 def _planning(
     spec: FunctionSpec,
     options: Options,
@@ -325,7 +335,7 @@ def _planning(
         max_items=options.max_items,
         max_wait=options.window,
         shared_tokens=pinned.shared,
-        max_output_tokens=options.max_output_tokens,
+        max_output_tokens=_output_limit(spec.model, options.max_output_tokens),
         per_item_overhead_tokens=pinned.item_frame,
         per_item_output_overhead_tokens=pinned.answer_frame,
         streaming=options.stream and early_answers,

@@ -110,6 +110,10 @@ class Options:
         max_attempts: Requests that may carry one item, re-asks included.
         max_retries: Retries of a request that failed as a whole.
         max_output_tokens: Cap on each reply's tokens (``None``: the provider's).
+        item_output_cap: Each call's own cap on its answer (a drop-in call's
+            ``max_tokens``): a request of one call asks exactly it, a packed one what
+            its items are expected to need within their caps (see
+            :func:`coalesce._planning.output.request_output_cap`).
         stream: Stream replies and answer each caller as its own output completes.
         dedupe: Identical items in one group share one slot in the prompt.
         expected_output_tokens: Output tokens per item assumed before any reply.
@@ -160,6 +164,7 @@ class Options:
     max_attempts: int = MAX_ATTEMPTS
     max_retries: int = MAX_RETRIES
     max_output_tokens: int | None = None
+    item_output_cap: int | None = None
     stream: bool = True
     dedupe: bool = False
     expected_output_tokens: int | None = None
@@ -190,6 +195,7 @@ class Options:
         check_int("max_attempts", self.max_attempts)
         check_int("max_retries", self.max_retries, minimum=0)
         check_int("max_output_tokens", self.max_output_tokens, optional=True)
+        check_int("item_output_cap", self.item_output_cap, optional=True)
         check_int("expected_output_tokens", self.expected_output_tokens, optional=True)
         check_callable("on_event", self.on_event)
         check_seconds("timeout", self.timeout, positive=True, optional=True)

@@ -1,10 +1,14 @@
-"""How many tokens one request may hold: the model's context window.
+"""How many tokens one request may hold: the model's context window and output limit.
 
 Three sources, the later winning: a table of known model families (:func:`known_window`),
 the function's ``context_window=`` option, and what the provider itself said when it
 refused a request as too long (:func:`context_error_window`, learned by a
 :class:`ContextWindow` listening to the group runner). A model that is not in the table
 is not checked until its window is set or learned.
+
+A model's *output limit* (the largest ``max_tokens`` it accepts) comes the same way, from
+a table (:func:`known_output_limit`) or the provider's refusal
+(:func:`output_limit_error`): a packed request never asks for more than it.
 
 The figures are the providers' public ones as of late 2026, for each family's default
 endpoint; a deployment may be smaller (a llama.cpp server started with ``-c 4096``), in
@@ -20,11 +24,15 @@ from .reports import Planned, Report
 from .tokens import TokenEstimator, count_json_tokens
 
 __all__ = [
+    "KNOWN_OUTPUT_LIMITS",
     "KNOWN_WINDOWS",
     "ContextWindow",
     "context_error_window",
     "is_context_error",
+    "is_limit_error",
+    "known_output_limit",
     "known_window",
+    "output_limit_error",
 ]
 
 _START = r"(?<![a-z0-9])"  # a family name starts the model name or one of its parts
@@ -60,6 +68,44 @@ KNOWN_WINDOWS: tuple[tuple[str, int], ...] = (
 )
 
 _TABLE = tuple((re.compile(_START + pattern), tokens) for pattern, tokens in KNOWN_WINDOWS)
+
+#: Known output limits (the largest ``max_tokens`` one reply may ask for), by family, as
+#: :data:`KNOWN_WINDOWS`. Public figures, late 2026; a family not listed is not capped
+#: until its provider refuses a request's ``max_tokens`` and says the limit.
+KNOWN_OUTPUT_LIMITS: tuple[tuple[str, int], ...] = (
+    # OpenAI
+    (r"gpt-4\.1", 32_768),
+    (r"gpt-5(?:\.\d+)?-chat", 16_384),
+    (r"gpt-5", 128_000),
+    (r"(?:chatgpt-)?gpt-4o", 16_384),
+    (r"gpt-4-turbo|gpt-4-\d{4}-preview", 4_096),
+    (r"gpt-3\.5-turbo", 4_096),
+    (r"o1-(?:mini|preview)", 32_768),
+    (r"o[134](?:-|$)", 100_000),
+    # Anthropic
+    (r"claude-(?:opus|sonnet)-4-[6-9]|claude-(?:opus|sonnet|haiku)-5", 128_000),
+    (r"claude-(?:haiku|sonnet|opus)-4-5|claude-sonnet-4|claude-3-7-sonnet", 64_000),
+    (r"claude-opus-4", 32_000),
+    (r"claude-3-5", 8_192),
+    (r"claude-3", 4_096),
+)
+
+_OUTPUT_TABLE = tuple(
+    (re.compile(_START + pattern), tokens) for pattern, tokens in KNOWN_OUTPUT_LIMITS
+)
+
+
+def known_output_limit(model: str) -> int | None:
+    """The table's output limit for ``model`` (``None``: not a known family).
+
+    Args:
+        model: The model name as sent to the provider.
+    """
+    name = model.lower()
+    for pattern, tokens in _OUTPUT_TABLE:
+        if pattern.search(name):
+            return tokens
+    return None
 
 
 def known_window(model: str) -> int | None:
@@ -132,6 +178,36 @@ def _messages(error: BaseException) -> list[str]:
     return texts
 
 
+#: Messages refusing a request's ``max_tokens`` as more than the model writes, the limit
+#: captured. OpenAI: "max_tokens is too large: 1280000. This model supports at most
+#: 16384 completion tokens, whereas you provided 1280000."; Anthropic: "max_tokens:
+#: 1280000 > 64000, which is the maximum allowed number of output tokens for ...";
+#: vLLM-style servers: "max_tokens must be at most 4096".
+_OUTPUT_STATED = tuple(
+    re.compile(pattern, re.IGNORECASE)
+    for pattern in (
+        rf"supports at most {_NUMBER} completion tokens",
+        rf"max_tokens: \d+ > {_NUMBER}, which is the maximum allowed number of output",
+        rf"max_(?:completion_|output_)?tokens must be (?:at most|<=) {_NUMBER}",
+    )
+)
+
+
+def output_limit_error(error: BaseException) -> int | None:
+    """The output limit a provider's error states, if it refused a request's
+    ``max_tokens`` as more than the model may write; else ``None``.
+
+    Args:
+        error: What the provider raised.
+    """
+    for text in _messages(error):
+        for pattern in _OUTPUT_STATED:
+            found = pattern.search(text)
+            if found is not None:
+                return int(re.sub(r"[,_]", "", found.group(1)))
+    return None
+
+
 def context_error_window(error: BaseException) -> int | None:
     """The context window a provider's error states, if it is a context-length error.
 
@@ -160,6 +236,12 @@ def is_context_error(error: BaseException) -> bool:
     return any(_UNSTATED.search(text) for text in _messages(error))
 
 
+def is_limit_error(error: BaseException) -> bool:
+    """Whether ``error`` refused the request's size: its context length, or its
+    ``max_tokens`` beyond the model's output limit (a smaller request may pass)."""
+    return output_limit_error(error) is not None or is_context_error(error)
+
+
 class ContextWindow:
     """One model's context window: from the table, the option, or the provider's word.
 
@@ -186,6 +268,9 @@ class ContextWindow:
         self.configured = configured
         self.known = known_window(model)
         self.learned: int | None = None
+        #: The most output tokens one reply may ask for (``None``: unknown), from the
+        #: table, then from the provider's refusal.
+        self.output_limit = known_output_limit(model)
         self._estimator = estimator
         self._shared = shared_tokens
 
@@ -206,13 +291,18 @@ class ContextWindow:
         return f"known for {self.model!r}"
 
     def learn(self, error: BaseException, *, sent_tokens: int | None = None) -> bool:
-        """Learn from ``error`` if it is a context-length error; whether it was one.
+        """Learn from ``error`` if it is a context-length error, or a refusal of the
+        request's ``max_tokens`` that states the model's output limit; whether it was.
 
         Args:
             error: What the provider raised.
             sent_tokens: Estimated tokens of the refused request, used when the error
                 does not state the window (the window is then taken as one less).
         """
+        output = output_limit_error(error)
+        if output is not None:
+            self.output_limit = output
+            return True
         stated = context_error_window(error)
         if stated is None and sent_tokens is not None and is_context_error(error):
             current = self.limit
@@ -230,7 +320,7 @@ class ContextWindow:
     def request_done(self, report: Report) -> None:
         """Learn from a request the provider refused as too long."""
         error = report.error
-        if error is not None and is_context_error(error):
+        if error is not None and is_limit_error(error):
             self.learn(error, sent_tokens=self._sent_tokens(report))
 
     def _sent_tokens(self, report: Report) -> int | None:

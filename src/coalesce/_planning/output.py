@@ -19,11 +19,13 @@ from .tokens import TokenEstimator
 
 __all__ = [
     "DEFAULT_EXPECTED_OUTPUT_TOKENS",
+    "REQUEST_HEADROOM",
     "FixedOutputTokens",
     "OutputTokenEstimate",
     "OutputTokenRegistry",
     "OutputTokenTracker",
     "expected_output_tokens",
+    "request_output_cap",
 ]
 
 #: Output tokens per answer assumed before any reply, when neither the function nor its
@@ -186,3 +188,49 @@ class OutputTokenRegistry:
     def expected(self, key: Hashable) -> int:
         """Return the output tokens to plan for one item under ``key``."""
         return self.get(key).expected()
+
+
+#: A packed request asks for this many times its items' expected output (frames
+#: included), when that is more than one caller's own cap: room for answers longer
+#: than expected, without asking the sum of every caller's cap.
+REQUEST_HEADROOM = 2
+
+
+def request_output_cap(
+    members: int,
+    *,
+    item_cap: int | None,
+    configured: int | None,
+    expected: int,
+    model_limit: int | None = None,
+    room: int | None = None,
+) -> int | None:
+    """The ``max_tokens`` of one request carrying ``members`` items (``None``: the
+    provider's default).
+
+    A caller's own cap (``max_tokens`` of a drop-in call) bounds its answer; it is no
+    forecast of it, and a framework may send the model's whole output limit. So a
+    request of one item asks exactly the caller's cap, as the plain call would; a
+    packed one asks what its items are expected to need (:data:`REQUEST_HEADROOM`
+    times ``expected``) but at least one caller's cap and at most their sum, within
+    the model's output limit and the window's ``room``. ``configured`` (the
+    function's ``max_output_tokens``) bounds every request.
+
+    Args:
+        members: Items in the request.
+        item_cap: The cap each of its callers gave, if any.
+        configured: The function's own cap on a reply, if any.
+        expected: The output tokens its items are expected to take, frames included.
+        model_limit: The most output tokens the model writes in one reply, if known.
+        room: Tokens left in the model's context window after the request's input,
+            if the window is known.
+    """
+    if item_cap is None:
+        return configured
+    if members <= 1:
+        return item_cap
+    cap = min(item_cap * members, max(item_cap, REQUEST_HEADROOM * expected))
+    for bound in (configured, model_limit, room):
+        if bound is not None and bound > 0:
+            cap = min(cap, bound)
+    return cap

@@ -12,7 +12,7 @@ from typing import TypeAlias
 
 from coalesce._exceptions import ConfigurationError
 
-__all__ = ["ContextWindows", "check_windows", "refusal", "window_for"]
+__all__ = ["ContextWindows", "check_windows", "output_refusal", "refusal", "window_for"]
 
 #: One window (tokens) for every model, one per model name, or ``None``: no limit.
 ContextWindows: TypeAlias = "int | Mapping[str, int] | None"
@@ -75,4 +75,25 @@ def refusal(api: str, window: int, tokens_in: int, max_tokens: int | None) -> st
         f"This model's maximum context length is {window} tokens. However, you requested"
         f" {wanted} tokens ({tokens_in} in the messages, {max_tokens or 0} in the completion)."
         " Please reduce the length of the messages or completion."
+    )
+
+
+def output_refusal(api: str, model: str, limit: int, max_tokens: int) -> str:
+    """Return the provider's message refusing a ``max_tokens`` above the model's output
+    ``limit`` (OpenAI's and Anthropic's wording).
+
+    Args:
+        api: ``"openai.chat"``, ``"openai.responses"`` or ``"anthropic.messages"``.
+        model: The requested model.
+        limit: The most output tokens the model writes.
+        max_tokens: What the request asked for.
+    """
+    if api.startswith("anthropic"):
+        return (
+            f"max_tokens: {max_tokens} > {limit}, which is the maximum allowed number of"
+            f" output tokens for {model}"
+        )
+    return (
+        f"max_tokens is too large: {max_tokens}. This model supports at most {limit}"
+        f" completion tokens, whereas you provided {max_tokens}."
     )

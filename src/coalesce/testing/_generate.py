@@ -19,7 +19,7 @@ import anyio
 from ._accounting import RequestRecord
 from ._anthropic import ANTHROPIC
 from ._asgi import Receive, Send, SimulatedDisconnect, send_json, send_start, wait_for_disconnect
-from ._context import refusal, window_for
+from ._context import output_refusal, refusal, window_for
 from ._engine import Answer, Prompt, ReplyContext, compose, count_text, prompt_tokens, split_pieces
 from ._faults import HTTP_FAULTS, Fault
 from ._flavour import Flavour, StreamEvent, error_body, fault_error, send_error
@@ -158,7 +158,11 @@ def _is_openai(flavour: Flavour) -> bool:
 
 
 def _refusal(sim: Simulation, flavour: Flavour, prompt: Prompt, tokens_in: int) -> str | None:
-    """The provider's message if the request is too long for the model, else ``None``."""
+    """The provider's message if the request asks more output than the model writes or
+    is too long for the model, else ``None``."""
+    most = window_for(sim.output_limit, prompt.model)
+    if most is not None and prompt.max_tokens is not None and prompt.max_tokens > most:
+        return output_refusal(flavour.api, prompt.model, most, prompt.max_tokens)
     window = window_for(sim.context_window, prompt.model)
     if window is None:
         return None
@@ -166,11 +170,13 @@ def _refusal(sim: Simulation, flavour: Flavour, prompt: Prompt, tokens_in: int) 
 
 
 async def _too_long(turn: _Turn) -> None:
-    """Answer ``400``: the prompt and its completion limit exceed the context window."""
+    """Answer ``400``: the request asks more output than the model writes, or its prompt
+    and completion limit exceed the context window."""
     message = _refusal(turn.call.sim, turn.flavour, turn.prompt, turn.tokens_in) or ""
     body = error_body(turn.flavour, 400, message)
     if _is_openai(turn.flavour):
-        body["error"]["code"] = "context_length_exceeded"
+        too_long = "context length" in message
+        body["error"]["code"] = "context_length_exceeded" if too_long else "invalid_value"
     turn.record(400, None, frozenset())
     await send_json(turn.call.send, 400, body, turn.headers)
 

@@ -55,6 +55,12 @@ class SimulatedProvider(ProviderState):
             completion limit exceed it is refused with ``400`` and the provider's own
             message ("maximum context length is ...", "prompt is too long: ...").
             ``None`` (the default): no limit.
+        output_limit: The most output tokens a request may ask for (``max_tokens``),
+            as real models have: one for every model, or one per model name (others
+            have none). A request asking more is refused with ``400`` and the
+            provider's own message ("This model supports at most 16384 completion
+            tokens", "max_tokens: ... > 64000, which is the maximum allowed number of
+            output tokens"). ``None`` (the default): no limit.
         prompt_cache: Prompt caching as the providers document it: ``True`` (the
             default) with the providers' settings, a :class:`SimulatedPromptCache` to
             change them, or ``False`` for none. OpenAI caches every prompt of 1,024

@@ -40,6 +40,7 @@ class ProviderState:
         time_scale: float = 1.0,
         seed: int = 0,
         context_window: ContextWindows = None,
+        output_limit: ContextWindows = None,
         prompt_cache: SimulatedPromptCache | bool = True,
         flex: FlexProcessing | None = None,
         enqueued_token_limit: ContextWindows = None,
@@ -57,6 +58,7 @@ class ProviderState:
         self.time_scale = time_scale
         self.seed = seed
         self.context_window = check_windows(context_window)
+        self.output_limit = check_windows(output_limit, "output_limit")
         self.prompt_caching = _prompt_caching(prompt_cache)
         self.flex_processing = flex or FlexProcessing()
         self.enqueued_token_limit = check_windows(enqueued_token_limit, "enqueued_token_limit")

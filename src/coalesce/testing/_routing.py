@@ -42,6 +42,7 @@ class Simulation(Protocol):
     jitter_rng: random.Random
     time_scale: float
     context_window: ContextWindows
+    output_limit: ContextWindows
     prompt_cache: PromptCacheStore
     flex: FlexSource
     enqueued_token_limit: ContextWindows
