@@ -84,7 +84,12 @@ def test_earlier_turns_go_into_the_instructions() -> None:
         {"stream": "yes"},
         {"logprobs": True},
         {"stop": ["\n"]},
-        {"response_format": {"type": "json_object"}},
+        {  # a forced tool and a reply format: which is the answer?
+            "response_format": {"type": "json_object"},
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": SCHEMA}}],
+            "tool_choice": "required",
+        },
+        {"response_format": {"type": "json_object", "other": 1}},
         {"max_tokens": 0},
         {"extra_body": {"x": 1}},
         {
@@ -242,8 +247,13 @@ def test_split_usage_shares_the_common_prompt() -> None:
 
 
 def test_wrap_rejects_other_clients() -> None:
-    with pytest.raises(coalesce.ConfigurationError):
-        wrap(object(), packing="always")
+    # The message names what wrap takes (the sync clients too), and nothing it refuses.
+    for other in (object(), lambda request: "answer"):
+        with pytest.raises(coalesce.ConfigurationError) as info:
+            wrap(other, packing="always")
+        message = str(info.value)
+        assert "openai.OpenAI" in message and "anthropic.Anthropic" in message
+        assert "callable" not in message and "@coalesce.prompt(client=" in message
     raw = SimulatedProvider().openai_client()
     with pytest.raises(coalesce.ConfigurationError, match=r"already wrapped by coalesce\.wrap"):
         wrap(wrap(raw, packing="always"), packing="always")
