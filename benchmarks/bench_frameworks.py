@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import logging
 import re
 import statistics
@@ -66,6 +67,12 @@ from _integration import (  # noqa: E402  (the tests' task, shared on purpose)
 )
 
 _TICKET_NUMBER = re.compile(r"Ticket (1\d{3}):")
+
+#: A model to which pydantic-ai sends its whole output limit as max_tokens (64,000).
+DEFAULTS_MODEL = "claude-haiku-4-5"
+#: Public output limits and context windows of the models the paths use.
+OUTPUT_LIMITS = {"gpt-4o-mini": 16_384, "claude-3-5-haiku-latest": 8_192, DEFAULTS_MODEL: 64_000}
+WINDOWS = {"gpt-4o-mini": 128_000, "claude-3-5-haiku-latest": 200_000, DEFAULTS_MODEL: 200_000}
 
 
 # -- the server's side: what reached it --------------------------------------------------
@@ -173,7 +180,7 @@ def _instructor_anthropic(client: Any, server: Server) -> Call:
 
 def _pydantic_ai(kind: str) -> Callable[[Any, Server], Call]:
     def build(client: Any, server: Server) -> Call:
-        from pydantic_ai import Agent, NativeOutput, ToolOutput
+        from pydantic_ai import Agent, NativeOutput, PromptedOutput, ToolOutput
         from pydantic_ai.models.anthropic import AnthropicModel
         from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel
         from pydantic_ai.providers.anthropic import AnthropicProvider
@@ -181,16 +188,21 @@ def _pydantic_ai(kind: str) -> Callable[[Any, Server], Call]:
 
         output: Any = Ticket
         model: Any
-        if kind == "anthropic":
+        if kind.startswith("anthropic"):
+            # "anthropic-4-5": Haiku 4.5, to which pydantic-ai sends max_tokens=64,000.
+            name = DEFAULTS_MODEL if kind.endswith("4-5") else server.anthropic_model
             provider: Any = AnthropicProvider(anthropic_client=client)
-            model = AnthropicModel(server.anthropic_model, provider=provider)
-        elif kind == "responses":
+            model = AnthropicModel(name, provider=provider)
+            output = NativeOutput(Ticket) if "native" in kind else Ticket
+        elif kind.startswith("responses"):
             model = OpenAIResponsesModel(
                 server.model, provider=OpenAIProvider(openai_client=client)
             )
+            output = PromptedOutput(Ticket) if kind.endswith("prompted") else Ticket
         else:
             model = OpenAIChatModel(server.model, provider=OpenAIProvider(openai_client=client))
-            output = ToolOutput(Ticket) if kind == "tool" else NativeOutput(Ticket)
+            kinds = {"tool": ToolOutput, "native": NativeOutput, "prompted": PromptedOutput}
+            output = kinds[kind](Ticket)
         agent = Agent(model, output_type=output, instructions=INSTRUCTIONS)
         return agent.run
 
@@ -227,6 +239,49 @@ def _langchain_structured(use_responses_api: bool) -> Callable[[Any, Server], Ca
         return lambda ticket: structured.ainvoke(_lc_messages(ticket))
 
     return build
+
+
+def _langchain_json_mode(client: Any, server: Server) -> Call:
+    llm = _chat_openai(client, server)
+    structured = llm.with_structured_output(Ticket, method="json_mode")
+    # json_mode spells out no schema: the prompt does, as LangChain's docs show.
+    schema = json.dumps(Ticket.model_json_schema())
+
+    def messages(ticket: str) -> list[tuple[str, str]]:
+        system = f"{INSTRUCTIONS}\nAnswer in JSON matching this schema: {schema}"
+        return [("system", system), ("human", ticket)]
+
+    return lambda ticket: structured.ainvoke(messages(ticket))
+
+
+def _langchain_astream(client: Any, server: Server) -> Call:
+    llm = _chat_openai(client, server)
+    structured = llm.with_structured_output(Ticket, method="json_schema")
+
+    async def call(ticket: str) -> Any:
+        last = None
+        async for chunk in structured.astream(_lc_messages(ticket)):
+            last = chunk
+        return last
+
+    return call
+
+
+def _litellm(client: Any, server: Server) -> Call:
+    import litellm
+
+    async def call(ticket: str) -> Any:
+        reply = await litellm.acompletion(
+            model=f"openai/{server.model}",
+            messages=_messages(ticket),
+            response_format=Ticket,
+            client=client,
+            api_key="sk-bench",
+            base_url=server.openai_url,
+        )
+        return Ticket.model_validate_json(reply.choices[0].message.content)
+
+    return call
 
 
 def _langchain_anthropic(client: Any, server: Server) -> Call:
@@ -278,15 +333,26 @@ def _ai_message_text(message: Any) -> Any:
 
 PATHS = (
     Route("instructor from_openai TOOLS", "openai", _instructor_openai("TOOLS")),
-    Route("instructor from_openai JSON_SCHEMA", "openai", _instructor_openai("JSON_SCHEMA")),
+    *(
+        Route(f"instructor from_openai {mode}", "openai", _instructor_openai(mode))
+        for mode in ("JSON_SCHEMA", "JSON", "MD_JSON")
+    ),
     Route("instructor from_anthropic", "anthropic", _instructor_anthropic),
     *(
         Route(f"pydantic-ai {name}", sdk, _pydantic_ai(kind), _of("output"), _wrapper("output"))
         for name, sdk, kind in (
             ("OpenAIResponsesModel", "openai", "responses"),
+            ("OpenAIResponsesModel PromptedOutput", "openai", "responses-prompted"),
             ("OpenAIChatModel ToolOutput", "openai", "tool"),
             ("OpenAIChatModel NativeOutput", "openai", "native"),
+            ("OpenAIChatModel PromptedOutput", "openai", "prompted"),
             ("AnthropicModel", "anthropic", "anthropic"),
+            (f"AnthropicModel {DEFAULTS_MODEL} (its max_tokens)", "anthropic", "anthropic-4-5"),
+            (
+                f"AnthropicModel {DEFAULTS_MODEL} NativeOutput (its max_tokens)",
+                "anthropic",
+                "anthropic-native-4-5",
+            ),
         )
     ),
     Route(
@@ -298,6 +364,9 @@ PATHS = (
     ),
     Route("LangChain with_structured_output (chat)", "openai", _langchain_structured(False)),
     Route("LangChain with_structured_output (responses)", "openai", _langchain_structured(True)),
+    Route("LangChain with_structured_output json_mode", "openai", _langchain_json_mode),
+    Route("LangChain with_structured_output json_schema astream", "openai", _langchain_astream),
+    Route("litellm acompletion(client=wrapped)", "openai", _litellm),
     Route("LangChain ChatAnthropic with_structured_output", "anthropic", _langchain_anthropic),
     *(
         Route(
@@ -518,7 +587,10 @@ def server_for(options: argparse.Namespace) -> Iterator[Server]:
     else:
         from coalesce.testing import SimulatedProvider
 
-        sim = SimulatedProvider(time_scale=options.time_scale)
+        # The models' own limits, which the simulator enforces as the providers do.
+        sim = SimulatedProvider(
+            time_scale=options.time_scale, output_limit=OUTPUT_LIMITS, context_window=WINDOWS
+        )
         with sim.serve() as url:
             yield Server(f"{url}/v1", url, *models, sim=sim)
 

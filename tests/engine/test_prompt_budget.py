@@ -188,8 +188,12 @@ async def test_a_custom_token_estimator_and_wait_times_in_statistics() -> None:
         token_estimator=Words(),
     )
     async def tag(ticket: str) -> Tag:
-        """Tag the support ticket."""
+        """Tag the support ticket with its category: billing for invoices, charges,
+        refunds and plans; bug for anything in the product that fails or misbehaves;
+        account for sign-in, passwords, users and settings; other for the rest."""
 
+    # Instructions long enough for packing to pay: the lone call waits for company (a
+    # call that no group could pay for would go at once).
     await tag("the app crashes")
     assert any("the app crashes" in text for text in counted)
     stats = tag.statistics()

@@ -23,20 +23,21 @@ from _integration import (
     expected_ticket,
     gather,
 )
-from conftest import BUDGET
 
 import coalesce
 from coalesce.testing import SimulatedProvider
 
 pytest.importorskip("pydantic_ai")
 
-from pydantic_ai import Agent, AgentRunResult, NativeOutput, ToolOutput  # noqa: E402
-from pydantic_ai.models.anthropic import AnthropicModel  # noqa: E402
-from pydantic_ai.providers.anthropic import AnthropicProvider  # noqa: E402
+from pydantic_ai import Agent, AgentRunResult, NativeOutput, ToolOutput
+from pydantic_ai.models.anthropic import AnthropicModel
+from pydantic_ai.providers.anthropic import AnthropicProvider
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, ASYNCIO_ONLY]
 
 MODEL = "claude-haiku-4-5"
+#: The wrapped client's budget: the other framework tests' (see ``conftest.BUDGET``).
+BUDGET = 5.0
 
 
 @pytest.fixture

@@ -1,5 +1,7 @@
-"""instructor, given a wrapped client: ``from_openai`` (TOOLS, its default, and
-JSON_SCHEMA) and ``from_anthropic`` (its default, a forced tool)."""
+"""instructor, given a wrapped client: ``from_openai`` (TOOLS, its default,
+JSON_SCHEMA, and the modes that spell the schema out in the prompt: JSON, with
+``response_format={"type": "json_object"}``, and MD_JSON, asking for a ````json`` block)
+and ``from_anthropic`` (its default, a forced tool)."""
 
 from __future__ import annotations
 
@@ -25,7 +27,25 @@ instructor = pytest.importorskip("instructor")
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 
-@pytest.mark.parametrize("mode", [instructor.Mode.TOOLS, instructor.Mode.JSON_SCHEMA])
+#: What MD_JSON appends to the user message (instructor 1.17): a plain call's answer is
+#: the simulator's answer to the ticket with it.
+MD_JSON_REQUEST = "Return the correct JSON response within a ```json codeblock. not the JSON_SCHEMA"
+
+
+def _asked(mode: object, ticket: str) -> str:
+    """The user message instructor sends for ``ticket`` in ``mode``."""
+    return f"{ticket}\n\n{MD_JSON_REQUEST}" if mode == instructor.Mode.MD_JSON else ticket
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        instructor.Mode.TOOLS,
+        instructor.Mode.JSON_SCHEMA,
+        instructor.Mode.JSON,
+        instructor.Mode.MD_JSON,
+    ],
+)
 async def test_from_openai(
     sim: SimulatedProvider, openai_client: openai.AsyncOpenAI, mode: object
 ) -> None:
@@ -46,7 +66,7 @@ async def test_from_openai(
     # instructor answers with its own subclass of the response model.
     assert all(isinstance(answer, Ticket) for answer in answers)
     assert [answer.model_dump() for answer in answers] == [
-        expected_ticket(ticket).model_dump() for ticket in TICKETS
+        expected_ticket(_asked(mode, ticket)).model_dump() for ticket in TICKETS
     ]
     assert_coalesced(sim)
 

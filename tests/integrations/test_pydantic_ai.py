@@ -1,6 +1,7 @@
 """pydantic-ai, given a wrapped client: the default ``openai:`` model (the Responses
-API), ``OpenAIChatModel`` with tool output (its default) and with native output, and
-``AnthropicModel``."""
+API), ``OpenAIChatModel`` with tool output (its default) and with native output, both
+models with ``PromptedOutput`` (the schema in the instructions, ``json_object`` asked),
+and ``AnthropicModel``."""
 
 from __future__ import annotations
 
@@ -25,7 +26,13 @@ from coalesce.testing import SimulatedProvider
 
 pydantic_ai = pytest.importorskip("pydantic_ai")
 
-from pydantic_ai import Agent, AgentRunResult, NativeOutput, ToolOutput  # noqa: E402
+from pydantic_ai import (  # noqa: E402
+    Agent,
+    AgentRunResult,
+    NativeOutput,
+    PromptedOutput,
+    ToolOutput,
+)
 from pydantic_ai.models.anthropic import AnthropicModel  # noqa: E402
 from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel  # noqa: E402
 from pydantic_ai.providers.anthropic import AnthropicProvider  # noqa: E402
@@ -54,13 +61,24 @@ async def test_default_openai_model_responses_api(
 
 
 @pytest.mark.parametrize(
-    "output", [ToolOutput(Ticket), NativeOutput(Ticket)], ids=["tool_output", "native_output"]
+    "output",
+    [ToolOutput(Ticket), NativeOutput(Ticket), PromptedOutput(Ticket)],
+    ids=["tool_output", "native_output", "prompted_output"],
 )
 async def test_openai_chat_model(
     sim: SimulatedProvider, openai_client: openai.AsyncOpenAI, output: Any
 ) -> None:
     model = OpenAIChatModel(OPENAI_MODEL, provider=OpenAIProvider(openai_client=openai_client))
     await _run_all(sim, Agent(model, output_type=output, instructions=INSTRUCTIONS))
+
+
+async def test_openai_responses_model_prompted_output(
+    sim: SimulatedProvider, openai_client: openai.AsyncOpenAI
+) -> None:
+    # The schema in the instructions, text.format json_object.
+    model = OpenAIResponsesModel(OPENAI_MODEL, provider=OpenAIProvider(openai_client=openai_client))
+    agent = Agent(model, output_type=PromptedOutput(Ticket), instructions=INSTRUCTIONS)
+    await _run_all(sim, agent)
 
 
 async def test_anthropic_model(

@@ -269,3 +269,65 @@ def test_after_the_hold_a_cold_call_is_planned_as_the_prior_says() -> None:
     tokens = group_tokens([held.plan], state.limits)
     assert hold.until + state.predict_typical(*tokens) < held.plan.deadline
     assert hold.until + state.predict(*tokens) > held.plan.deadline
+
+
+# -- packing where it pays (issue 35) -------------------------------------------------
+
+
+def quick(overhead: float = 0.2, decode: float = 0.005) -> Predict:
+    """A prior that admits a pair of ``item()`` (0.2 + 0.005 * 100 = 0.7 s) but not five
+    (0.2 + 0.005 * 250 = 1.45 s, over a 1.2 s budget)."""
+    return linear(overhead, 0.0, decode)
+
+
+def test_a_cold_call_probes_when_the_prior_admits_a_pair_but_no_paying_group() -> None:
+    new = item(deadline=1.2)
+    assert latest_start([new, new], LIMITS, quick()) >= 0  # a pair fits...
+    assert latest_start([new] * 5, LIMITS, quick()) < 0  # ...a paying group does not
+    assert cold_start(new, LIMITS, quick(), 0.0, probing=False) is None  # pairs: as before
+    decision = cold_start(new, LIMITS, quick(), 0.0, probing=False, least=5)
+    assert decision == ColdStart(probe=True, hold_until=pytest.approx(1.2 - 0.45 - HOLD_GUARD))
+    held = cold_start(new, LIMITS, quick(), 0.0, probing=True, least=5)
+    assert held == ColdStart(probe=False, hold_until=pytest.approx(1.2 - 0.45 - HOLD_GUARD))
+
+
+def test_no_cold_start_when_the_prior_admits_a_paying_group_or_none_can_pay() -> None:
+    new = item(deadline=3.0)
+    assert latest_start([new] * 5, LIMITS, quick()) >= 0
+    assert cold_start(new, LIMITS, quick(), 0.0, probing=False, least=5) is None
+    # No group pays (or none within max_items): calls go at once, never held.
+    assert cold_start(item(1.2), LIMITS, quick(), 0.0, probing=False, least=math.inf) is None
+    assert cold_start(item(1.2), LIMITS, quick(), 0.0, probing=False, least=9) is None
+
+
+def test_a_window_that_cannot_grow_to_a_paying_group_on_time_cannot_pay() -> None:
+    from coalesce._planning.planner import can_pay
+
+    lone = [item(deadline=1.2)]
+    assert can_pay(lone, 2, LIMITS, quick(), 0.0)
+    assert not can_pay(lone, 5, LIMITS, quick(), 0.0)  # five would finish at 1.45 s
+    assert can_pay([item(deadline=3.0)], 5, LIMITS, quick(), 0.0)
+    assert not can_pay([item(deadline=3.0)], 5, LIMITS, quick(), 1.6)  # later, too late
+    assert can_pay([item()] * 5, 5, LIMITS, quick(), 0.0)  # already that large
+    assert not can_pay(lone, math.inf, LIMITS, quick(), 0.0)
+    assert can_pay([item(math.inf)], 5, LIMITS, quick(), 100.0)  # no deadline
+
+
+def paying_planning(least: float) -> Planning:
+    limits = PlanLimits(max_items=20, max_wait=0.5, shared_tokens=100, streaming=False)
+    return Planning(limits, 10, LatencyPrior(), CharacterEstimator(), paying=lambda: least)
+
+
+def test_a_window_below_the_paying_size_goes_at_once_when_it_cannot_grow() -> None:
+    # The default prior: one call ~1 s at the p99. With 1.5 s, no group of 8 is on time:
+    # the lone call would go plain whatever it waited for, so it goes now.
+    state = paying_planning(8)
+    state.cold = False
+    policy = BudgetPolicy(state)
+    lone = call(state, budget=1.5)
+    assert policy.after_add([lone], 0.0) == Due(0.0, DispatchReason.DEADLINE)
+    # A group of 2 that pays waits for company as before (the window's max_wait).
+    state = paying_planning(2)
+    state.cold = False
+    waited = BudgetPolicy(state).after_add([call(state, budget=1.5)], 0.0)
+    assert waited.at > 0.0

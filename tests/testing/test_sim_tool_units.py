@@ -108,8 +108,9 @@ def test_json_object_answers_the_described_schema() -> None:
     assert json.loads(answer(prompt).text) == expected_output("q", SCHEMA)
     # Told about the schema only, the model writes spaced JSON.
     assert ": " in answer(prompt).text
+    # Asked for text, a model told to answer by a schema still does.
     plain = OPENAI.parse({**body, "response_format": None})
-    assert plain.described is None
+    assert json.loads(answer(plain).text) == expected_output("q", SCHEMA)
 
 
 def test_json_object_answers_unstructured_packed_items_per_item() -> None:
@@ -119,6 +120,46 @@ def test_json_object_answers_unstructured_packed_items_per_item() -> None:
     )
     results = json.loads(answer(prompt).text)["results"]
     assert results == {"1": expected_output("x", SCHEMA), "2": expected_output("y", SCHEMA)}
+
+
+def test_a_schema_that_allows_any_object_says_less_than_the_instructions() -> None:
+    frame = 'Each output must be valid against this JSON schema: {"type": "object"}'
+    assert described_schema([frame, json.dumps(SCHEMA), "q"], ["q"]) == SCHEMA
+    assert described_schema([frame, "q"], ["q"]) == {"type": "object"}
+
+
+def _packed_body(system: str, output: dict[str, Any], **body: Any) -> dict[str, Any]:
+    request = pack_request(system, ["x", "y"], output)
+    messages = request.messages()
+    rf = {"type": "json_schema", "json_schema": {"name": "r", "schema": request.reply_schema}}
+    return {"model": "m", "messages": messages, "response_format": rf, **body}
+
+
+def test_packed_items_of_any_object_answer_what_the_instructions_spell_out() -> None:
+    told = OPENAI.parse(_packed_body(f"Tag by {json.dumps(SCHEMA)}", {"type": "object"}))
+    results = json.loads(answer(told).text)["results"]
+    assert results == {"1": expected_output("x", SCHEMA), "2": expected_output("y", SCHEMA)}
+    # Told nothing of the shape: the object a JSON-mode call answers.
+    free = OPENAI.parse(_packed_body("Tag.", {"type": "object"}))
+    results = json.loads(answer(free).text)["results"]
+    assert results == {"1": {"output": expected_output("x")}, "2": {"output": expected_output("y")}}
+
+
+def test_text_told_a_schema_is_its_json_fenced_when_asked() -> None:
+    system = {"role": "system", "content": f"Answer in JSON by {json.dumps(SCHEMA)}"}
+    asked = "q\n\nReturn the correct JSON response within a ```json codeblock."
+    fenced = OPENAI.parse({"model": "m", "messages": [system, {"role": "user", "content": asked}]})
+    text = answer(fenced).text
+    assert text.startswith("```json\n")
+    assert text.endswith("\n```")
+    assert json.loads(text[len("```json\n") : -len("\n```")]) == expected_output(asked, SCHEMA)
+    # Packed, each item's text is that JSON (the item asks for the fence).
+    packed = OPENAI.parse(_packed_body(system["content"], {"type": "string"}))
+    results = json.loads(answer(packed).text)["results"]
+    assert {k: json.loads(v) for k, v in results.items()} == {
+        "1": expected_output("x", SCHEMA),
+        "2": expected_output("y", SCHEMA),
+    }
 
 
 def test_a_forced_function_is_a_tool_answer() -> None:

@@ -3,6 +3,7 @@ once."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -76,3 +77,11 @@ async def outcomes(n: int, call: Callable[[int], Awaitable[Any]]) -> list[Any]:
         if error is not None and not isinstance(error, (openai.APIError, anthropic.APIError)):
             raise error
     return [e if e is not None else o for o, e in zip(out, errors, strict=True)]
+
+
+def accumulated(accumulate_event: Callable[..., Any], **arguments: Any) -> Any:
+    """A call of an anthropic SDK ``accumulate_event``, giving ``json_bufs`` only where it
+    takes it (from anthropic 1.5; before, it re-parses the partial JSON itself)."""
+    if "json_bufs" not in inspect.signature(accumulate_event).parameters:
+        arguments.pop("json_bufs", None)
+    return accumulate_event(**arguments)

@@ -29,8 +29,7 @@ from coalesce.testing import SimulatedProvider
 def test_a_request_of_one_asks_exactly_the_callers_cap() -> None:
     for cap in (1, 200, 64_000):
         assert (
-            request_output_cap(1, item_cap=cap, configured=100, expected=10, model_limit=50)
-            == cap
+            request_output_cap(1, item_cap=cap, configured=100, expected=10, model_limit=50) == cap
         )
 
 

@@ -252,8 +252,10 @@ def test_wrap_rejects_other_clients() -> None:
         with pytest.raises(coalesce.ConfigurationError) as info:
             wrap(other, packing="always")
         message = str(info.value)
-        assert "openai.OpenAI" in message and "anthropic.Anthropic" in message
-        assert "callable" not in message and "@coalesce.prompt(client=" in message
+        assert "openai.OpenAI" in message
+        assert "anthropic.Anthropic" in message
+        assert "callable" not in message
+        assert "@coalesce.prompt(client=" in message
     raw = SimulatedProvider().openai_client()
     with pytest.raises(coalesce.ConfigurationError, match=r"already wrapped by coalesce\.wrap"):
         wrap(wrap(raw, packing="always"), packing="always")

@@ -14,7 +14,7 @@ from typing import Any
 import httpx2
 import openai
 import pytest
-from _wrapping import SCHEMA, SYSTEM, TEXT, chat, gather, msg
+from _wrapping import SCHEMA, SYSTEM, TEXT, accumulated, chat, gather, msg
 from anthropic.types.beta import BetaMessage
 from openai.types.chat import ChatCompletion
 
@@ -342,7 +342,8 @@ async def test_streamed_beta_messages_are_the_sdks_beta_events() -> None:
             stream = await client.beta.messages.create(**msg(f"s{i}", stream=True, betas=[]))
             snapshot = None
             async for event in stream:
-                snapshot = accumulate_event(
+                snapshot = accumulated(
+                    accumulate_event,
                     event=event,
                     current_snapshot=snapshot,
                     json_bufs={},

@@ -13,7 +13,7 @@ import pydantic
 import pytest
 from _wrapping import chat, gather, msg
 from anthropic.types import Message, ParsedMessage
-from openai.lib import type_to_response_format_param
+from openai.lib._parsing._completions import type_to_response_format_param
 from openai.types.chat import ChatCompletion, ParsedChatCompletion
 from typing_extensions import assert_type
 

@@ -201,7 +201,12 @@ def test_arguments_that_change_nothing_coalesce(extra: dict[str, Any]) -> None:
         {"tools": [FUNCTION], "tool_choice": "auto"},
         {"tool_choice": "required"},
         {"tools": [FUNCTION], "tool_choice": "required", "text": {"format": JSON_FORMAT}},
-        {"text": {"format": {"type": "json_object"}}},
+        {
+            "tools": [FUNCTION],
+            "tool_choice": "required",
+            "text": {"format": {"type": "json_object"}},
+        },
+        {"text": {"format": {"type": "json_object", "other": 1}}},
         {"reasoning": {"effort": "low", "summary": "auto"}},
         {"top_logprobs": 2},
         {"max_output_tokens": 0},

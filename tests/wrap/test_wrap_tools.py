@@ -14,7 +14,7 @@ from typing import Any, Literal
 import openai
 import pydantic
 import pytest
-from _wrapping import SCHEMA, gather, msg
+from _wrapping import SCHEMA, accumulated, gather, msg
 from _wrapping import chat as wrapping_chat
 from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import Message
@@ -337,7 +337,9 @@ async def test_streamed_anthropic_tool_use_accumulates_as_the_sdk_does() -> None
             )
             snapshot, bufs = None, dict[int, bytes]()
             async for event in stream:
-                snapshot = accumulate_event(event=event, current_snapshot=snapshot, json_bufs=bufs)
+                snapshot = accumulated(
+                    accumulate_event, event=event, current_snapshot=snapshot, json_bufs=bufs
+                )
             return snapshot
 
         messages = await gather(2, ask)

@@ -34,4 +34,5 @@ class ApartListener(NoObserver):
         """Count the request and what it spent."""
         completion = report.completion
         usage = None if completion is None else completion.usage
-        self.counts.spent(self.kind, self.recorder.savings.spend(usage))
+        tokens = 0 if usage is None else usage.input_tokens
+        self.counts.spent(self.kind, self.recorder.savings.spend(usage), tokens)

@@ -32,7 +32,7 @@ class AccuracyCounts:
 
     def __init__(self, max_items: int, *, priced: bool) -> None:
         self.max_items, self.priced = max_items, priced
-        self.shadow_requests, self.shadow_cost = 0, 0.0
+        self.shadow_requests, self.shadow_cost, self.shadow_input_tokens = 0, 0.0, 0
         self.vote_requests, self.vote_cost = 0, 0.0
         self.votes_settled = self.votes_unsettled = self.voted_items = 0
         #: The guards of the engines that shadow, one per kind of call under ``wrap``.
@@ -42,9 +42,9 @@ class AccuracyCounts:
         """Report ``guard``'s agreement and cap with these counts."""
         self.guards.append(guard)
 
-    def spent(self, kind: Literal["shadow", "vote"], dollars: float) -> None:
+    def spent(self, kind: Literal["shadow", "vote"], dollars: float, input_tokens: int = 0) -> None:
         """Count a request made to check (``"shadow"``) or settle (``"vote"``) answers,
-        and its dollars (NaN: unknown)."""
+        its dollars (NaN: unknown) and its prompt tokens."""
         known = 0.0 if math.isnan(dollars) else dollars
         if kind == "vote":
             self.vote_requests += 1
@@ -52,6 +52,7 @@ class AccuracyCounts:
         else:
             self.shadow_requests += 1
             self.shadow_cost += known
+            self.shadow_input_tokens += input_tokens
 
     def voted(self, items: int) -> None:
         """Count a group of ``items`` asked in two orders."""
@@ -83,6 +84,7 @@ class AccuracyCounts:
             "cap_learning": self.learning(),
             "shadow_requests": self.shadow_requests,
             "shadow_cost": self.shadow_cost if self.priced else math.nan,
+            "shadow_input_tokens": self.shadow_input_tokens,
             "agreement_by_size": MappingProxyType(
                 merged_agreement(guard.agreement() for guard in self.guards)
             ),

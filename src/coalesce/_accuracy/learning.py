@@ -22,6 +22,11 @@ a verdict at the item's group size and its position in the request.
   has not yet decided and no more than :data:`STEP_ALLOWANCE` verdicts were spent on
   this step. The user's ``shadow=`` rate is the long-run rate on top of that
   (:class:`~coalesce._accuracy.shadow.ShadowGuard`).
+* **Paid for by what packing saved.** A :class:`LearningBudget` lets learning spend
+  at most :data:`LEARNING_SHARE` of what packing has saved so far, and starts a step
+  only once that share would pay for the whole of it (the shadow calls it needs at
+  least): no job, the first included, costs more than plain calls because of
+  learning, and a function that saves little learns slowly, or not at all.
 """
 
 from __future__ import annotations
@@ -29,15 +34,18 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from .._observe.agreement import wilson_interval
 
 __all__ = [
+    "LEARNING_SHARE",
     "MIN_SAMPLES",
     "STEP_ALLOWANCE",
     "TAIL_SAMPLES",
     "TOP_SAMPLES",
+    "LearningBudget",
     "Move",
     "in_tail",
     "in_top",
@@ -61,6 +69,48 @@ POSITION_SAMPLES = 8
 STEP_ALLOWANCE = 3
 #: The z of the 95% interval.
 Z = 1.96
+#: The most of packing's savings so far that learning may spend on shadow calls: the
+#: other half is the caller's from the first job on (with short instructions, where a
+#: packed item saves little, learning then waits until enough was saved).
+LEARNING_SHARE = 0.5
+
+
+@dataclass
+class LearningBudget:
+    """What learning may spend: a share of what packing has saved so far. Pure.
+
+    Amounts are in one unit (input-token equivalents at the model's price): ``saved``
+    is what the packed requests answered so far saved against their items' plain calls,
+    ``spent`` what learning's shadow calls cost.
+
+    Attributes:
+        share: The most of ``saved`` learning may spend.
+        saved: What packing has saved so far.
+        spent: What learning's shadow calls have cost so far.
+    """
+
+    share: float = LEARNING_SHARE
+    saved: float = 0.0
+    spent: float = 0.0
+
+    def earn(self, amount: float) -> None:
+        """Packing saved ``amount`` more (a packed request that cost more counts too)."""
+        if math.isfinite(amount):
+            self.saved += amount
+
+    def affords(self, price: float, needed: int = 1) -> bool:
+        """Whether one more shadow call of ``price`` fits, with room for the ``needed``
+        calls (this one included) the step still takes at least: a step is begun only
+        once the budget would pay for all of it."""
+        return self.spent + max(1, needed) * price <= self.share * self.saved
+
+    def spend(self, price: float) -> None:
+        """A shadow call of ``price`` was sent."""
+        self.spent += price
+
+    def left(self) -> float:
+        """What learning may still spend (negative: none)."""
+        return self.share * self.saved - self.spent
 
 
 class Move(NamedTuple):

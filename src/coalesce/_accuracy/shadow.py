@@ -12,7 +12,10 @@ When the cap is learned (``max_items`` not given), the guard also shadows the ca
 tail densely until it has decided the current step (at most
 :data:`~coalesce._accuracy.learning.STEP_ALLOWANCE` times the verdicts a step needs),
 then only at the user's rate: the long-run rate is ``shadow``, and what learning
-spent is counted apart (:attr:`ShadowGuard.learning_requests`). The learned cap and
+spent is counted apart (:attr:`ShadowGuard.learning_requests`). With a
+:class:`~coalesce._accuracy.learning.LearningBudget`, learning spends only out of what
+packing has saved (the guard is told each packed request's saving,
+:meth:`ShadowGuard.earn`, and each shadow call's price). The learned cap and
 its evidence can be kept in a :class:`~coalesce._accuracy.memory.CapMemory`, so that
 the next process starts where this one stopped.
 """
@@ -26,7 +29,15 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._observe.agreement import Agreement, CapLearning, wilson_interval
-from .learning import MIN_SAMPLES, Move, in_tail, learning_wanted, next_cap
+from .learning import (
+    MIN_SAMPLES,
+    LearningBudget,
+    Move,
+    in_tail,
+    learning_wanted,
+    next_cap,
+    verdicts_to_rise,
+)
 from .memory import CapMemory, Evidence
 
 __all__ = ["MIN_SAMPLES", "CapLearning", "ShadowGuard", "next_cap"]
@@ -66,6 +77,9 @@ class ShadowGuard:
         start: The cap to start at (default ``max_items``).
         memory: Where the evidence is loaded from and saved to, if anywhere.
         name: The function's name, for the log.
+        budget: What learning may spend (``None``: no limit but its own allowance).
+        rate_budgeted: The long-run ``rate`` is spent from ``budget`` too (it is the
+            default rate, which serves learning; a rate the user gave is kept exactly).
     """
 
     def __init__(
@@ -80,7 +94,10 @@ class ShadowGuard:
         start: int | None = None,
         memory: CapMemory | None = None,
         name: str = "",
+        budget: LearningBudget | None = None,
+        rate_budgeted: bool = False,
     ) -> None:
+        self.budget, self.rate_budgeted = budget, rate_budgeted
         self.rate, self.min_agreement, self.max_items = rate, min_agreement, max_items
         self.agree = agree or _equal
         self.min_samples, self.learn, self.memory, self.name = min_samples, learn, memory, name
@@ -96,32 +113,49 @@ class ShadowGuard:
         if memory is not None:
             self._restore(memory.load())
 
-    def wants(self, size: int, position: int = 0) -> bool:
+    def wants(self, size: int, position: int = 0, price: float = 0.0) -> bool:
         """Whether to shadow an item just answered at ``position`` (1 for the first
         written; 0: not known) of a request of ``size`` items.
 
         Exactly ``rate`` of the packed items are shadowed (the first when the count
         crosses the next whole one); when learning, also the cap's tail while its step
-        is undecided.
+        is undecided and the budget affords the shadow call's ``price``.
         """
         if size < 2:
             return False
         self.packed += 1
         tail = in_tail(self.cap, size, position)
-        if math.floor(self.packed * self.rate) > self.shadowed:
+        if math.floor(self.packed * self.rate) > self.shadowed and self._affords(price):
             self.shadowed += 1
-        elif not (self.learn and tail and self._learning(position)):
+        elif not (self.learn and tail and self._learning(position, price)):
             return False
         else:
+            if self.budget is not None:
+                self.budget.spend(price)
             self._spent += 1
             self._learned += 1
             self.learning_requests += 1
         self._pending += tail
         return True
 
-    def _learning(self, position: int) -> bool:
+    def _affords(self, price: float) -> bool:
+        """Whether the long-run rate's next shadow call may be sent now (spent from the
+        budget when the rate serves learning; owed until the budget affords it)."""
+        budget = self.budget
+        if budget is None or not self.rate_budgeted:
+            return True
+        if not budget.affords(price):
+            return False
+        budget.spend(price)
+        return True
+
+    def _learning(self, position: int, price: float) -> bool:
         if self._learned + 1 > LEARN_SHARE * (self.packed - LEARN_AFTER):
             return False
+        if self.budget is not None:
+            least = verdicts_to_rise(self.min_agreement)
+            if not self.budget.affords(price, least - len(self._tail) - self._pending):
+                return False
         return learning_wanted(
             self.cap,
             position,
@@ -131,6 +165,19 @@ class ShadowGuard:
             self._spent,
             self.min_agreement,
         )
+
+    def earn(self, saved: float) -> None:
+        """A packed request answered, saving ``saved`` against its items' plain calls
+        (in the budget's unit): learning may spend a share of it."""
+        if self.budget is not None:
+            self.budget.earn(saved)
+
+    def at_least(self, size: int) -> None:
+        """Stand at ``size`` at least (the smallest group packing pays for, which a
+        prompt cache found late can raise) while no verdict has moved the cap: a
+        starting cap below it would send every group as plain calls."""
+        if self.learn and not self.moves and self.cap < size <= self.max_items:
+            self.cap = size
 
     def dropped(self) -> None:
         """A shadow call gave no answer to compare (it failed)."""

@@ -1,6 +1,8 @@
 """The shadow guard around a group runner: after every caller has its answer, a
 sample of the packed ones is asked again alone, and the verdicts move the group cap
-(the decisions are :class:`~coalesce._accuracy.shadow.ShadowGuard`'s)."""
+(the decisions are :class:`~coalesce._accuracy.shadow.ShadowGuard`'s). Each answered
+group's packed requests earn the guard's learning budget what they saved, and each
+shadow call is priced before it is sent (:class:`LearningCosts`)."""
 
 from __future__ import annotations
 
@@ -15,9 +17,43 @@ import anyio
 from .._calls import Job, NoObserver, Runner
 from .._observe.events import DisagreementAlarm, ShadowEvent
 from .._observe.recorder import PromptRecorder
+from .._planning.cost import PackingCost, packing_saves, plain_call_cost
 from .shadow import ShadowGuard
 
-__all__ = ["Positions", "Shadowing"]
+__all__ = ["LearningCosts", "Positions", "Shadowing"]
+
+
+class LearningCosts:
+    """What a packed request saves and what a shadow call costs, for the learning
+    budget: estimates from the function's footprint, price and prompt cache, in
+    input-token equivalents.
+
+    Args:
+        cost: The function's packing cost (its footprint, price and cache).
+        count: Counts an item's tokens (from its canonical JSON).
+        answer_tokens: Output tokens expected of one answer.
+    """
+
+    def __init__(
+        self, cost: PackingCost, count: Callable[[str], int], answer_tokens: Callable[[], int]
+    ) -> None:
+        self.cost, self.count, self.answer_tokens = cost, count, answer_tokens
+
+    def saved(self, size: int) -> float:
+        """What one packed request of ``size`` items saved against their plain calls."""
+        cost = self.cost
+        return packing_saves(cost.footprint, cost.price, size, cost.cache)
+
+    def price(self, job: Job) -> float:
+        """What asking ``job``'s item alone costs."""
+        cost = self.cost
+        return plain_call_cost(
+            cost.footprint,
+            cost.price,
+            cost.cache,
+            item_tokens=self.count(job.key),
+            output_tokens=self.answer_tokens(),
+        )
 
 
 class Positions(NoObserver):
@@ -49,6 +85,8 @@ class Shadowing:
         guard: Samples the packed answers and judges them.
         recorder: Told each verdict (a :class:`~coalesce.ShadowEvent`).
         positions: Where each call sat in its request (told by the runner ``ask``).
+        costs: Prices the learning budget's earnings and spending (``None``: the guard
+            has no budget).
     """
 
     def __init__(
@@ -58,8 +96,10 @@ class Shadowing:
         guard: ShadowGuard,
         recorder: PromptRecorder,
         positions: Positions | None = None,
+        costs: LearningCosts | None = None,
     ) -> None:
         self.ask, self.alone, self.guard, self.recorder = ask, alone, guard, recorder
+        self.costs = costs
         self.positions = positions or Positions()
         self._events = recorder.events
         # Items are offered to the sampler in a shuffled order, so that a fixed rate
@@ -74,17 +114,34 @@ class Shadowing:
             resolve(index, outcome)
 
         await self.ask(jobs, keep)
-        places = [self.positions.take(job) for job in jobs]
+        places = [self._place(job) for job in jobs]
+        self._earn(places)
         order = list(answers)
         self._rng.shuffle(order)
         # Every caller has its answer: shadow a sample of the packed ones, after.
         async with anyio.create_task_group() as tg:
             for index in order:
                 answer, (size, position) = answers[index], places[index]
-                if size != jobs[index].company:
-                    size, position = jobs[index].company, 0
-                if not isinstance(answer, BaseException) and self.guard.wants(size, position):
+                if isinstance(answer, BaseException):
+                    continue
+                price = 0.0 if self.costs is None or size < 2 else self.costs.price(jobs[index])
+                if self.guard.wants(size, position, price):
                     tg.start_soon(self._check, jobs[index], answer, position)
+
+    def _place(self, job: Job) -> tuple[int, int]:
+        """``job``'s ``(size, position)`` in the request that answered it."""
+        size, position = self.positions.take(job)
+        return (size, position) if size == job.company else (job.company, 0)
+
+    def _earn(self, places: Sequence[tuple[int, int]]) -> None:
+        """Tell the guard what the group's packed requests saved (each packed item its
+        request's saving shared out)."""
+        costs = self.costs
+        if costs is None:
+            return
+        saved = sum(costs.saved(size) / size for size, _ in places if size >= 2)
+        if saved:
+            self.guard.earn(saved)
 
     async def _check(self, job: Job, packed: Any, position: int) -> None:
         """Ask ``job``'s item alone and judge the packed answer against it."""

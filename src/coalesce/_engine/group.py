@@ -508,9 +508,10 @@ def _request_for(group: Group, items: list[Any], pin: bool) -> tuple[PackedReque
     spec = group.spec
     structured = spec.provider.structured
     if len(items) == 1:
-        plain = plain_request(
-            spec.instructions, items[0], spec.output_schema, structured=structured
-        )
+        instructions = spec.instructions
+        if spec.plain_instructions is not None:
+            instructions = spec.plain_instructions
+        plain = plain_request(instructions, items[0], spec.output_schema, structured=structured)
         return plain, True
     packed = pack_request(
         spec.instructions,

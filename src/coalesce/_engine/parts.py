@@ -23,9 +23,10 @@ import anyio
 
 from .._accuracy.apart import ApartListener
 from .._accuracy.counts import AccuracyCounts
+from .._accuracy.learning import LearningBudget
 from .._accuracy.memory import CapMemory
 from .._accuracy.shadow import ShadowGuard
-from .._accuracy.shadowing import Positions, Shadowing
+from .._accuracy.shadowing import LearningCosts, Positions, Shadowing
 from .._accuracy.trust import SchemaTrust, declared_enforcement
 from .._accuracy.vote import VoteCosts
 from .._accuracy.voting import Voting
@@ -34,6 +35,7 @@ from .._defaults import LEARNED_CAP_CEILING, PROMPT_MAX_ITEMS, cap_given, shadow
 from .._exceptions import CoalesceWarning
 from .._observe.dispatch import DispatchListener, request_predictor
 from .._observe.listeners import StatisticsListener
+from .._observe.plain import PlainCounts, PlainListener
 from .._observe.recorder import PromptRecorder
 from .._planning.context import known_output_limit
 from .._planning.cost import PackingCost, voting_pays
@@ -130,20 +132,23 @@ def assemble(
     unpinned = footprint(spec.instructions, spec.output_schema, estimator, pin=False, **shape)
     trust = SchemaTrust(declared_enforcement(spec.provider, options.schema_enforced))
     cost = _packing_cost(spec, options, pinned)
-    planning = _planning(spec, options, pinned, estimator, trust.enforced, cost.smallest)
+    shadow = _shadow_guard(spec, options, learn, cost.smallest)
+    paying = _paying(cost, shadow)
+    planning = _planning(spec, options, pinned, estimator, trust.enforced, paying)
     answer = expected_output_tokens(spec.output_schema, estimator, options.expected_output_tokens)
     admission = admission_for(spec, options, pinned, estimator, answer)
     vote_costs = VoteCosts(answer, pinned, estimator.count)
 
     def learn_cache(cached_tokens: int) -> int:
-        cost.saw_cached(cached_tokens)
+        if cost.saw_cached(cached_tokens) and shadow is not None and cost.smallest is not None:
+            shadow.at_least(cost.smallest)  # a cache makes packing pay from larger groups
         return cost.plain_cached_tokens()
 
     dispatch = DispatchListener(recorder, planning)
     statistics = StatisticsListener(recorder, pinned, learn_cache, unpinned, lane, dispatch)
-    shadow = _shadow_guard(spec, options, learn, cost.smallest)
     positions = Positions()
-    listeners: list[GroupObserver] = [statistics, trust, admission.window]
+    plain = PlainListener(recorder.part(PlainCounts, PlainCounts), dispatch, paying)
+    listeners: list[GroupObserver] = [statistics, plain, trust, admission.window]
     listeners += [planning] if planning is not None else []
     listeners += [vote_costs] if options.vote else []
     listeners += [positions] if shadow is not None else []
@@ -158,7 +163,8 @@ def assemble(
         estimator, pinned, recorder, trust, planning, admission, cost, shadow,
         partial(run_group, group), policy, statistics, dispatch, options.max_items,
     )  # fmt: skip
-    parts.runner = _runner(parts, group, options, vote_costs, positions)
+    costs = LearningCosts(cost, estimator.count, lambda: answer)
+    parts.runner = _runner(parts, group, options, vote_costs, positions, costs)
     parts.screen = checked_screen(spec.name, screen_of(options.screen))
     recorder.part(PackingCosts, PackingCosts).costs.append(cost)
     return parts
@@ -180,8 +186,24 @@ def shadow_rate(options: Options, learn: bool) -> float:
     return options.shadow if learn or shadow_given(options.shadow) else 0.0
 
 
+def _paying(cost: PackingCost, shadow: ShadowGuard | None) -> Callable[[], float]:
+    """The smallest group that pays for its packing now: ``math.inf`` when none does,
+    or when the group cap keeps every group below it."""
+
+    def paying() -> float:
+        least = cost.pays_from
+        return math.inf if shadow is not None and shadow.cap < least else least
+
+    return paying
+
+
 def _runner(
-    parts: Parts, group: Group, options: Options, vote_costs: VoteCosts, positions: Positions
+    parts: Parts,
+    group: Group,
+    options: Options,
+    vote_costs: VoteCosts,
+    positions: Positions,
+    costs: LearningCosts,
 ) -> Runner:
     """The group runner, with the vote and the shadow guard around it if asked for."""
     recorder = parts.recorder
@@ -205,7 +227,9 @@ def _runner(
     if parts.shadow is not None:
         counts.watch(parts.shadow)
         alone = _apart(group, ApartListener(recorder, counts, "shadow"))
-        runner = Shadowing(runner, partial(run_group, alone), parts.shadow, recorder, positions)
+        runner = Shadowing(
+            runner, partial(run_group, alone), parts.shadow, recorder, positions, costs
+        )
     return runner
 
 
@@ -276,6 +300,8 @@ def _shadow_guard(
         start=start,
         memory=memory,
         name=spec.name,
+        budget=LearningBudget() if learn else None,
+        rate_budgeted=not shadow_given(options.shadow),
     )
 
 
@@ -320,14 +346,15 @@ def _planning(
     pinned: Footprint,
     estimator: TokenEstimator,
     early_answers: bool,
-    pays_from: int | None,
+    paying: Callable[[], float],
 ) -> Planning | None:
     """A budget planner for the function, if it declared a latency budget.
 
     ``early_answers``: streamed answers are handed over as each completes (the provider
     is trusted to enforce the schema); otherwise every caller waits for the whole reply.
-    ``pays_from``: the smallest group packing pays for; with none, calls go at once and
-    a cold start holds nothing.
+    ``paying``: the smallest group packing pays for now; with none, calls go at once and
+    a cold start holds nothing, and a cold start probes unless the prior admits a group
+    that large.
     """
     if options.latency_budget is None:
         return None
@@ -350,5 +377,6 @@ def _planning(
         options.latency_prior,
         estimator,
         guessed_output=guessed,
-        cold_start=pays_from is not None,
+        cold_start=math.isfinite(paying()),
+        paying=paying,
     )

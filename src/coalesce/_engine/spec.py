@@ -85,6 +85,9 @@ class FunctionSpec:
         output_schema: JSON schema of one item's output.
         validate: Turns one raw output into the caller's value (raises if invalid).
         request_options: Passed to the provider unchanged (``temperature=0``...).
+        plain_instructions: What a request of one item sends instead of
+            ``instructions``, if they differ (the drop-in client's own system text,
+            without the sentence that tells a packed request what each item is).
     """
 
     name: str
@@ -94,6 +97,7 @@ class FunctionSpec:
     output_schema: Mapping[str, Any]
     validate: Callable[[Any], Any]
     request_options: Mapping[str, Any] = field(default_factory=dict)
+    plain_instructions: str | None = None
 
 
 @dataclass(frozen=True)

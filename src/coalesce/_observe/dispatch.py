@@ -38,10 +38,17 @@ class Dispatched:
         group: The group's number (the recorder's count of dispatches).
         predict: How the planner predicts the seconds of a request carrying given
             members (``None`` without a budget).
+        size: How many calls the group held.
+        cold: No reply of the function had been measured yet (its planner's prior
+            sized the group).
+        reason: Why it left (a :class:`~coalesce._batching.policy.DispatchReason`).
     """
 
     group: int
     predict: Predictor | None = None
+    size: int = 0
+    cold: bool = False
+    reason: str = ""
 
 
 class DispatchListener:
@@ -72,7 +79,8 @@ class DispatchListener:
         number = self.recorder.dispatched(
             reason, len(jobs), predicted=predicted, time_left=left if math.isfinite(left) else None
         )
-        dispatched = Dispatched(number, predict)
+        cold = planning is not None and planning.cold
+        dispatched = Dispatched(number, predict, len(jobs), cold, str(reason))
         for job in jobs:
             self._groups[job] = dispatched
 

@@ -202,6 +202,16 @@ class PromptStatistics(NamedTuple):
     adopted_cost: float = 0.0
     #: Calls finished that had a latency budget (``within_budget``'s denominator).
     calls_with_budget: int = 0
+    #: Calls sent as plain calls (their item alone), by reason: ``"alone"`` (nobody
+    #: else came within the window), ``"below_paying"`` (the group was smaller than
+    #: ``smallest_paying_group``), ``"cold"`` (before any reply: the cold start's probe,
+    #: or a group the prior sized too small), ``"screened"`` (the item reads like
+    #: instructions), ``"pinned"`` (no group can pay: ``smallest_paying_group`` is
+    #: ``None`` or the group cap stands below it); reasons never seen left out.
+    plain_calls: Mapping[str, int] = MappingProxyType({})
+    #: Prompt tokens of the shadow calls (``shadow_requests``): what checking, and
+    #: learning the group cap, cost in tokens (part of ``input_tokens``).
+    shadow_input_tokens: int = 0
 
     def __str__(self) -> str:
         """The main figures as a short aligned table (``repr`` stays the full tuple)."""
@@ -687,7 +697,13 @@ def _plural(n: int, noun: str) -> str:
 # --- combining and showing snapshots -------------------------------------------------
 
 #: The snapshot fields that are mappings.
-_MAPPINGS = ("dispatch_reasons", "calls_by_lane", "cost_by_lane", "agreement_by_size")
+_MAPPINGS = (
+    "dispatch_reasons",
+    "calls_by_lane",
+    "cost_by_lane",
+    "agreement_by_size",
+    "plain_calls",
+)
 
 
 def _mapping(name: str, value: Mapping[Any, Any]) -> dict[Any, Any]:
@@ -765,6 +781,7 @@ _COMBINE: dict[str, Combine] = {
     "dispatch_reasons": _by_key,
     "calls_by_lane": _by_key,
     "cost_by_lane": _by_key,
+    "plain_calls": _by_key,
     "agreement_by_size": _agreements,
     "smallest_paying_group": _smallest,
     "group_cap": _smallest,
@@ -790,8 +807,11 @@ def statistics_table(stats: PromptStatistics) -> list[str]:
     if stats.flex_retries or stats.flex_fallbacks:
         flex = f"{stats.flex_retries:,} asked again, {stats.flex_fallbacks:,} to real time"
         rows.append(("flex refusals", flex))
+    if stats.plain_calls:
+        rows.append(("sent plain", _plain(stats)))
     if stats.shadow_requests or stats.vote_requests:
-        checks = f"{stats.shadow_requests:,} shadow, {stats.vote_requests:,} vote requests"
+        shadow = f"{stats.shadow_requests:,} shadow ({stats.shadow_input_tokens:,} tokens in)"
+        checks = f"{shadow}, {stats.vote_requests:,} vote requests"
         rows.append(("checks", f"{checks}, {_dollars(stats.shadow_cost + stats.vote_cost)}"))
     if stats.adopted_jobs:
         adopted = f"{stats.adopted_jobs:,} jobs, {stats.adopted_requests:,} lines"
@@ -824,6 +844,26 @@ def _requests(stats: PromptStatistics) -> str:
     if not math.isnan(stats.items_per_request):
         line += f", {stats.items_per_request:.1f} items/request"
     return line
+
+
+#: How ``str()`` names each reason of ``plain_calls``.
+_PLAIN = {
+    "alone": "alone in the window",
+    "below_paying": "group below the paying size",
+    "cold": "cold start",
+    "screened": "screened",
+    "pinned": "no group can pay",
+}
+
+
+def _plain(stats: PromptStatistics) -> str:
+    """``"14 calls: 10 alone in the window, 4 group below the paying size (5)"``."""
+    total = sum(stats.plain_calls.values())
+    reasons = ", ".join(
+        f"{n:,} {_PLAIN.get(reason, reason)}" for reason, n in stats.plain_calls.items()
+    )
+    paying = stats.smallest_paying_group
+    return f"{_plural(total, 'call')}: {reasons} (paying from {paying if paying else '-'})"
 
 
 def _tokens(stats: PromptStatistics) -> str:

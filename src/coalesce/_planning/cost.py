@@ -38,6 +38,7 @@ __all__ = [
     "PromptCache",
     "cached_share",
     "packing_saves",
+    "plain_call_cost",
     "smallest_paying_group",
     "voting_pays",
 ]
@@ -74,6 +75,21 @@ def packing_saves(
     """Input-token equivalents a packed request of ``items`` saves against plain calls
     (negative: it costs more), with a warm ``cache`` if the provider has one."""
     return items * _gain(footprint, price, cache) - cached_share(footprint.shared, cache, price)
+
+
+def plain_call_cost(
+    footprint: Footprint,
+    price: Price | None,
+    cache: PromptCache | None = None,
+    *,
+    item_tokens: int,
+    output_tokens: int,
+) -> float:
+    """What one plain call costs, in input-token equivalents (the unit of
+    :func:`packing_saves`): its shared part (at the cached price with a warm ``cache``),
+    its item and its answer at the output/input price ratio."""
+    shared = cached_share(footprint.plain_shared, cache, price)
+    return shared + item_tokens + _ratio(price) * output_tokens
 
 
 def voting_pays(

@@ -13,9 +13,12 @@ window per partition and asks these functions, with explicit state and ``now``:
   :func:`due` also says which of the two it is (``WINDOW`` or ``DEADLINE``).
 * :func:`streaming_order`: short expected answers first, so the streaming split hands
   them back early.
-* :func:`cold_start`: before any reply was measured, when the prior admits no group but
-  the budget leaves room beyond one call, the first call goes alone at once (a *probe*)
-  and later ones are held until its reply or until they could only just leave alone.
+* :func:`cold_start`: before any reply was measured, when the prior admits no group that
+  pays for its packing but the budget leaves room beyond one call, the first call goes
+  alone at once (a *probe*) and later ones are held until its reply or until they could
+  only just leave alone.
+* :func:`can_pay`: whether a window smaller than the smallest paying group could still
+  grow to it on time (if not, it goes now: it will be sent as plain calls anyway).
 
 Predictions are a :data:`Predict` callable, ``(input_tokens, output_tokens) -> seconds``
 of one request (a p99), usually ``lambda i, o: model.predict(i, o).total`` over a
@@ -52,6 +55,7 @@ __all__ = [
     "admit",
     "allow_reask",
     "binding_limit",
+    "can_pay",
     "cold_start",
     "due",
     "due_at",
@@ -394,11 +398,14 @@ def cold_start(
     *,
     probing: bool,
     central: Predict | None = None,
+    least: float = 2,
 ) -> ColdStart | None:
     """Decide a call's fate while no reply of its function has been measured yet.
 
-    ``predict`` is then the prior's. When it admits no group (two calls like ``new``,
-    sent now, would be predicted to miss its deadline) but the budget leaves room beyond
+    ``predict`` is then the prior's. When it admits no group worth packing (``least``
+    calls like ``new``, the smallest group that pays for its packing, sent now, would be
+    predicted to miss its deadline: smaller groups would be sent as plain calls, and a
+    cold burst would go out one call per request) but the budget leaves room beyond
     one call (``new`` could wait and still leave alone in time), the prior may be too
     slow: the first such call goes alone at once (a probe), and while it is in flight
     (``probing``) the others are held until ``hold_until`` or until the probe's reply
@@ -428,17 +435,49 @@ def cold_start(
         now: The current time.
         probing: Whether a probe was sent and no reply has come yet.
         central: Typical duration of one request, as the prior says.
+        least: The smallest group that pays for its packing (2: any pair;
+            ``math.inf``: none, and calls are sent plain at once, unheld).
     """
-    if limits.max_items < 2 or math.isinf(new.deadline):
+    if math.isinf(least) or limits.max_items < max(2, least) or math.isinf(new.deadline):
         return None
     hold_until = new.deadline - _finish((new,), limits, predict) - HOLD_GUARD
-    if hold_until <= now or latest_start((new, new), limits, predict) >= now:
+    group = (new,) * max(2, int(least))
+    if hold_until <= now or latest_start(group, limits, predict) >= now:
         return None
     if central is not None:
         typical = new.deadline - _finish((new,), limits, central)
         midpoint = now + (new.deadline - now) / 2
         hold_until = max(hold_until, min(typical, midpoint) - HOLD_GUARD)
     return ColdStart(probe=not probing, hold_until=hold_until)
+
+
+def can_pay(
+    window: Sequence[PlanItem], least: float, limits: PlanLimits, predict: Predict, now: float
+) -> bool:
+    """Whether ``window`` could still become a group of ``least`` items (the smallest
+    that pays for its packing) that is on time: sent now with enough company like its
+    newest member, every member would be answered by its deadline.
+
+    A window that cannot is sent as plain calls whatever it waits for (more company
+    only makes the group later), so waiting only adds latency. ``True`` for a window
+    already that large, or when nothing limits it (no deadline).
+
+    Args:
+        window: The items in the window.
+        least: The smallest group packing pays for (``math.inf``: none).
+        limits: The group limits.
+        predict: Predicted duration of one request.
+        now: The current time.
+    """
+    if not window or len(window) >= least:
+        return True
+    if math.isinf(least) or least > limits.max_items:
+        return False
+    newest = max(window, key=lambda item: item.arrival)
+    group = [*window, *[newest] * (int(least) - len(window))]
+    if _over_tokens(group_tokens(group, limits), limits, reached=False):
+        return False
+    return latest_start(group, limits, predict) >= now
 
 
 # -- rate limits -------------------------------------------------------------------

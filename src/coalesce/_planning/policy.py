@@ -3,8 +3,9 @@
 :class:`BudgetPolicy` answers the batcher's two questions with the pure planner
 functions (:func:`~coalesce._planning.planner.cold_start`,
 :func:`~coalesce._planning.planner.admit`,
-:func:`~coalesce._planning.planner.full_after_add`, :func:`~coalesce._planning.planner.due`)
-over the calls' plans and what :class:`~coalesce._planning.state.Planning` knows now.
+:func:`~coalesce._planning.planner.full_after_add`, :func:`~coalesce._planning.planner.due`,
+:func:`~coalesce._planning.planner.can_pay`) over the calls' plans and what
+:class:`~coalesce._planning.state.Planning` knows now.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .._batching.policy import DispatchReason, Due, Hold
-from .planner import PlanItem, admit, cold_start, due, full_after_add
+from .planner import PlanItem, admit, can_pay, cold_start, due, full_after_add
 from .reports import Planned
 from .state import Planning
 
@@ -49,6 +50,7 @@ class BudgetPolicy:
                 now,
                 probing=planning.probing,
                 central=planning.predict_typical,
+                least=planning.least(),
             )
             if cold is not None and cold.probe:
                 planning.probe_sent()
@@ -59,12 +61,20 @@ class BudgetPolicy:
         return DispatchReason.SOLO if admission.solo else admission.dispatch_first
 
     def after_add(self, members: Sequence[Planned], now: float) -> Due:
-        """At once if full; else the latest time that keeps every member on time."""
+        """At once if full, or if the window can no longer grow to a group that pays for
+        its packing on time (it goes as plain calls: waiting would only make them
+        later); else the latest time that keeps every member on time."""
+        planning = self.planning
         plans = self._plans(members)
-        reason = full_after_add(plans, self.planning.limits)
+        reason = full_after_add(plans, planning.limits)
         if reason is not None:
             return Due(now, reason)
-        return due(plans, self.planning.limits, self.planning.predict)
+        least = planning.least()
+        # When the request quota binds, packing pays whatever the tokens say.
+        paid = can_pay(plans, least, planning.limits, planning.predict, now)
+        if not paid and not planning.requests_bind(now):
+            return Due(now, DispatchReason.DEADLINE)
+        return due(plans, planning.limits, planning.predict)
 
     def _plan(self, job: Planned) -> PlanItem:
         if job.plan is None:

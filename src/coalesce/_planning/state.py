@@ -14,7 +14,7 @@ import dataclasses
 import json
 import math
 from collections import deque
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..providers._ratelimit import RateLimitState, parse_rate_limit_headers
@@ -66,6 +66,8 @@ class Planning:
             replace it at once instead of after ten.
         cold_start: Whether a cold start may probe and hold calls (not when no group
             can pay for its packing: those calls go at once).
+        paying: The smallest group that pays for its packing now (``math.inf``: none);
+            it may change (a prompt cache found, the group cap moved). Default: any pair.
 
     Attributes:
         cold: No request of the function has been reported yet (predictions are the
@@ -82,8 +84,10 @@ class Planning:
         *,
         guessed_output: bool = False,
         cold_start: bool = True,
+        paying: Callable[[], float] | None = None,
     ) -> None:
         self.estimator = estimator
+        self._paying = paying
         self.latency = LatencyModel(prior, quantile=PLANNING_QUANTILE)
         self.configured = limits
         tracker = (
@@ -125,6 +129,10 @@ class Planning:
         the mean and the p99 (:meth:`predict`), a margin half the p99's (in ratio)."""
         mean = self.latency.predict_mean(input_tokens, output_tokens).total
         return math.sqrt(mean * self.predict(input_tokens, output_tokens))
+
+    def least(self) -> float:
+        """The smallest group that pays for its packing now (``math.inf``: none)."""
+        return 2 if self._paying is None else self._paying()
 
     def probe_sent(self) -> None:
         """A cold call was sent alone as a probe: hold the others until a reply."""

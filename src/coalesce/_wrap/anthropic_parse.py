@@ -59,7 +59,8 @@ class AnthropicMessagesParse(Translator):
 
     def reply(self, answer: Answer, given: Mapping[str, Any]) -> Any:
         import anthropic
-        from anthropic.lib._parse._response import parse_response
+
+        from ..providers._sdk_anthropic import parse_response
 
         output_format = given.get("output_format")
         fmt = anthropic.NOT_GIVEN if output_format is None else output_format

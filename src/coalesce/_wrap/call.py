@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 __all__ = [
+    "JSON_OBJECT",
     "TASK",
     "TRANSPORT_ARGUMENTS",
     "SdkCall",
@@ -26,6 +27,7 @@ __all__ = [
     "converted",
     "given_arguments",
     "instructions",
+    "json_object_call",
     "last_user",
     "new_call",
     "output_cap",
@@ -37,6 +39,9 @@ __all__ = [
 
 #: What each item is asked, after the caller's own system text.
 TASK = "Each item's input is one user message; its output is your reply to that message."
+
+#: OpenAI's ``response_format`` (chat) of a call whose answer is any JSON object.
+JSON_OBJECT = {"type": "json_object"}
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,10 @@ class SdkCall:
         include_usage: OpenAI's ``stream_options={"include_usage": True}``.
         timeout: The caller's own ``timeout=`` in seconds, if given (``None``: none);
             not part of the key, since calls with different limits may share a request.
+        prompted: The reply's format is asked in the prompt, not by a reply schema: a
+            ``json_object`` call (:func:`json_object_call`), whose packed request
+            spells the reply's frame out in the system message and is sent with the
+            caller's own ``response_format`` (in :attr:`options`).
     """
 
     key: str
@@ -71,6 +80,7 @@ class SdkCall:
     stream: bool = False
     include_usage: bool = False
     timeout: float | None = None
+    prompted: bool = False
 
 
 def given_arguments(kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -102,6 +112,30 @@ def new_call(
     caller's ``timeout``."""
     key = _canonical([model, instructions, schema, dict(options), cap, tool])
     return SdkCall(key, model, instructions, item, schema, options, cap, tool, timeout=timeout)
+
+
+def json_object_call(
+    model: str,
+    instructions: str,
+    item: str,
+    options: Mapping[str, Any],
+    cap: int | None,
+    timeout: float | None = None,
+) -> SdkCall:
+    """The :class:`SdkCall` of a ``json_object`` call: its answer is any JSON object,
+    checked as one (an answer that is not is asked again, alone if need be).
+
+    OpenAI's ``json_object`` mode holds a reply to JSON, not to a schema: the packed
+    request is sent with the same ``response_format`` (the server that took the
+    caller's call takes it), and the frame of the reply (an object of results keyed by
+    id) is spelled out in the system message, as for a provider without structured
+    output. The schema the caller's own instructions spell out, if any, stays in them.
+    Such calls share requests only with ``json_object`` calls (the format is part of
+    the key).
+    """
+    options = {**options, "response_format": dict(JSON_OBJECT)}
+    call = new_call(model, instructions, item, {"type": "object"}, options, cap, None, timeout)
+    return dataclasses.replace(call, prompted=True)
 
 
 def streamed(call: SdkCall, stream: bool, include_usage: bool) -> SdkCall:

@@ -53,6 +53,7 @@ from .call import SdkCall, given_arguments
 from .credentials import credentials_key
 from .engines import Answered, Engines
 from .headers import LANE_HEADER, CallHeaders, coalesce_headers
+from .openai_chat import posted_create
 from .partition import Partition, PartitionFunction, partition_function, partition_key
 from .proxy import Replace, coalesced_copy, replace_methods
 from .raw import call_limit, raw_mode, raw_response, timeout_error
@@ -78,6 +79,16 @@ def _check_sendable(given: Mapping[str, Any]) -> None:
             f"this call's messages cannot be sent: {exc}; pass text (str) or the SDK's"
             " content parts"
         ) from None
+
+
+def _refused_plainly(error: Exception, sdk: str) -> BaseException | None:
+    """The SDK's own error when the provider refused a call sent alone as too long (the
+    engine's ``InvalidInputError`` says so with it as cause): the plain call raises
+    exactly that, so the drop-in does too."""
+    cause = error.__cause__
+    if not isinstance(error, InvalidInputError) or cause is None:
+        return None
+    return cause if type(cause).__module__.partition(".")[0] == sdk else None
 
 
 @dataclass(frozen=True)
@@ -158,7 +169,7 @@ class CoalescedClient:
         start = anyio.current_time()
         answer = await self._answer(read, key)
         reply = read.translator.reply(answer, read.given)
-        if mode is None or read.endpoint is None:
+        if read.endpoint is None or (mode is None and not read.call.stream):
             return reply
         raw = raw_response(
             self,
@@ -173,7 +184,8 @@ class CoalescedClient:
             group_size=answer.company,
         )
         raw.http_response.headers[LANE_HEADER] = answer.lane  # the lane that answered it
-        return raw
+        # A stream is the SDK's own AsyncStream, parsed from its response as the SDK does.
+        return raw if mode is not None else await raw.parse()
 
     def _read(
         self,
@@ -195,8 +207,11 @@ class CoalescedClient:
             return None
         sender = self._coalesce.sender
         lane = self._engines.lane_of(call, sender, headers.lane, headers.budget)
-        if lane is Lane.REALTIME and self._engines.engine(call, sender).pays_from is None:
+        engine = self._engines.engine(call, sender)
+        if lane is Lane.REALTIME and engine.pays_from is None:
             return None  # the deferred lanes pay with plain requests too: half the price
+        if engine.admission.oversized(call.item):
+            return None  # it cannot share a request: sent as it is, the provider judges it
         limit = call_limit(given, call.timeout, getattr(self, "timeout", None))
         return _Call(translator, endpoint, given, call, headers, limit, lane)
 
@@ -208,6 +223,9 @@ class CoalescedClient:
                     read.call, read.headers.budget, key, self._coalesce.sender, read.lane
                 )
             except Exception as exc:
+                refused = _refused_plainly(exc, self._coalesce.sdk)
+                if refused is not None:
+                    raise refused from None
                 error = read.translator.error(exc, read.given)
                 if error is exc:
                     raise
@@ -215,6 +233,17 @@ class CoalescedClient:
         base = str(getattr(self, "base_url", "")).rstrip("/")
         url = base + (read.endpoint.url if read.endpoint is not None else "")
         raise timeout_error(self._coalesce.sdk, url)
+
+    async def post(self, path: str, **posted: Any) -> Any:
+        """The SDK's ``post``; a chat completion's body posted to ``/chat/completions``
+        (litellm's ``acompletion(client=...)`` sends so) goes through the coalescing
+        ``chat.completions.create``, which sends the same body when it passes the call
+        through (see :func:`~coalesce._wrap.openai_chat.posted_create`)."""
+        if self._coalesce.sdk == "openai":
+            create = posted_create(path, posted)
+            if create is not None:
+                return await cast(Any, self).chat.completions.create(**create)
+        return await cast(Any, super()).post(path, **posted)
 
     def statistics(self) -> dict[str, PromptStatistics]:
         """Immutable snapshots of the coalesced calls, one per model.
@@ -290,13 +319,18 @@ def _kind(client: Any) -> tuple[Provider, str]:
         raise ConfigurationError(
             f"{client!r} is already wrapped by coalesce.wrap; wrap the SDK client once"
         )
-    base = as_provider(client)  # raises ConfigurationError for anything else
+    refused = ConfigurationError(
+        "coalesce.wrap takes an SDK client: openai.AsyncOpenAI or openai.OpenAI (and"
+        " AsyncAzureOpenAI / AzureOpenAI), anthropic.AsyncAnthropic or anthropic.Anthropic;"
+        f" got {client!r}. For a Provider or an async function, use @coalesce.prompt(client=...)"
+    )
+    try:
+        base = as_provider(client)
+    except ConfigurationError:
+        raise refused from None
     if isinstance(base, (OpenAIProvider, AnthropicProvider)):
         return base, "openai" if isinstance(base, OpenAIProvider) else "anthropic"
-    raise ConfigurationError(
-        "coalesce.wrap takes an openai.AsyncOpenAI or OpenAI, or an anthropic.AsyncAnthropic"
-        f" or Anthropic client, got {client!r}"
-    )
+    raise refused
 
 
 _OPTION_NAMES = (

@@ -43,8 +43,10 @@ from .._lanes.store import JobStore
 from .._observe.events import logger
 from .._observe.listeners import UsageShare, UsageShares
 from .._observe.recorder import PromptRecorder, PromptStatistics
-from ..providers import Provider
-from .call import SdkCall
+from .._planning.tokens import estimator_for
+from ..providers import Completion, CompletionRequest, Provider, RetryAdvice
+from .call import TASK, SdkCall
+from .spelled import spelled_output_tokens
 from .translator import Answer
 
 __all__ = ["Answered", "Engines", "batch_name"]
@@ -98,6 +100,35 @@ def _validator(schema: Mapping[str, Any] | None) -> Callable[[Any], Any]:
     return validate
 
 
+class PromptedFormat:
+    """``provider``, taken to have no structured output: for a ``json_object`` call
+    (:attr:`~.call.SdkCall.prompted`), the packed reply's frame is spelled out in the
+    system message and no reply schema is sent (the call's own ``response_format`` is,
+    in its options); the server holds the reply to JSON, not to the frame, so answers
+    are held until the reply ends. Everything else is ``provider``'s own."""
+
+    structured = False
+    enforces_schema = False
+
+    def __init__(self, provider: Provider) -> None:
+        self.inner = provider
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def complete(self, request: CompletionRequest, on_text: Any = None) -> Completion:
+        """Send ``request`` through the wrapped provider."""
+        return await self.inner.complete(request, on_text)
+
+    def advise(self, error: BaseException) -> RetryAdvice:
+        """The wrapped provider's advice."""
+        return self.inner.advise(error)
+
+
+def _asked_as(call: SdkCall, provider: Provider) -> Provider:
+    return PromptedFormat(provider) if call.prompted else provider
+
+
 class Engines:
     """One engine (and its lane router) per kind of call; one recorder per model; usage
     shares for all; the job store of the batch lanes, opened on first use."""
@@ -140,18 +171,23 @@ class Engines:
         if router is None:
             spec = FunctionSpec(
                 name=f"wrap:{call.model}",
-                provider=self._provider if sender is None else self._senders[sender],
+                provider=_asked_as(
+                    call, self._provider if sender is None else self._senders[sender]
+                ),
                 model=call.model,
                 instructions=call.instructions,
                 output_schema=call.output_schema or {"type": "string"},
                 validate=_validator(call.output_schema),
                 request_options=dict(call.options),
+                # Sent alone, a call carries its own system text only, as it would plainly.
+                plain_instructions=call.instructions.removesuffix(TASK).rstrip("\n"),
             )
             recorder = self._recorder(call.model)
             engine = Engine(
                 spec, self._options_for(call), recorder=recorder, observers=[self._shares]
             )
-            router = self._routers[key] = LaneRouter(engine, observers=[self._shares])
+            # setdefault: threads' loops may build one at once; the first one kept serves all.
+            router = self._routers.setdefault(key, LaneRouter(engine, observers=[self._shares]))
         return router
 
     def lane_of(
@@ -166,19 +202,19 @@ class Engines:
         return self.router(call, sender).lane_for(asked, budget)
 
     def _options_for(self, call: SdkCall) -> Options:
-        # Each call's own cap times max_items (4 while the cap is learned): the planner and
-        # admission keep a group's expected output within it, so no reply is cut short;
-        # the learning's ceiling here would reserve more than small context windows hold.
-        cap = None if call.item_cap is None else call.item_cap * self._options.max_items
-        if self._options.max_output_tokens is not None:
-            cap = (
-                self._options.max_output_tokens
-                if cap is None
-                else min(cap, self._options.max_output_tokens)
-            )
+        # The caller's max_tokens caps its own answer; a packed request asks what its
+        # items are expected to need within their caps and the model's output limit
+        # (request_output_cap), never each cap times the group.
         # Streamed callers get their answer as the split finds it; the others wait for
         # the whole reply anyway (their usage share needs it).
-        return self._options.replace(max_output_tokens=cap, stream=call.stream)
+        options = self._options.replace(item_output_cap=call.item_cap, stream=call.stream)
+        if options.expected_output_tokens is None and (call.prompted or call.output_schema is None):
+            # The format asked in the prompt: the schema it spells out sizes the first groups.
+            estimator = options.token_estimator or estimator_for(call.model)
+            expected = spelled_output_tokens(call.instructions, estimator)
+            if expected is not None:
+                options = options.replace(expected_output_tokens=expected)
+        return options
 
     def _recorder(self, model: str) -> PromptRecorder:
         recorder = self._recorders.get(model)

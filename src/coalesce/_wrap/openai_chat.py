@@ -3,7 +3,8 @@
 Coalesced: one user message to answer (plain text, or text parts), earlier turns of
 plain text (``system`` and ``developer`` messages are the instructions), ``n`` of 1,
 ``stream`` on or off (``stream_options`` only with ``include_usage``),
-``response_format`` absent, ``text`` or ``json_schema``, or else one function tool the
+``response_format`` absent, ``text``, ``json_schema`` or ``json_object`` (any JSON
+object, :func:`~coalesce._wrap.call.json_object_call`), or else one function tool the
 call forces (:mod:`~coalesce._wrap.tools`: its ``parameters`` are the output schema),
 the sampling options coalesce knows to be per request, and the per-request arguments
 that do not change the answer (:func:`~coalesce._wrap.call.split_transport`). The
@@ -17,8 +18,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from .call import (
+    JSON_OBJECT,
     SdkCall,
     instructions,
+    json_object_call,
     last_user,
     new_call,
     output_cap,
@@ -31,7 +34,7 @@ from .replies import openai_response, openai_stream
 from .tools import ForcedTool, openai_forced_tool
 from .translator import Answer, Translator
 
-__all__ = ["OpenAIChatCreate", "openai_create_call"]
+__all__ = ["OpenAIChatCreate", "openai_create_call", "posted_create"]
 
 _FORWARDED = frozenset(
     {
@@ -84,7 +87,8 @@ def openai_create_call(kwargs: Mapping[str, Any]) -> SdkCall | None:
     earlier, item = last
     shared = turns(earlier, _SYSTEM_ROLES)
     valid, cap = output_cap(kwargs, _CAPS)
-    answer = _answer(kwargs)
+    json_mode = _json_object(kwargs.get("response_format"))
+    answer = _answer({**kwargs, "response_format": None} if json_mode else kwargs)
     stream = stream_flag(kwargs.get("stream"))
     usage = _include_usage(kwargs.get("stream_options"))
     if shared is None or not valid or answer is None or stream is None or usage is None:
@@ -92,12 +96,22 @@ def openai_create_call(kwargs: Mapping[str, Any]) -> SdkCall | None:
     if usage and not stream:
         return None
     schema, tool = answer
+    if json_mode and tool is not None:
+        return None  # a forced tool and a reply format: which is the answer?
     system = [*shared[0], tool.instruction()] if tool is not None else shared[0]
     options = {**{k: v for k, v in kwargs.items() if k in _FORWARDED}, **transport.sent}
     name = None if tool is None else tool.name
     text = instructions(system, shared[1])
-    call = new_call(model, text, item, schema, options, cap, name, transport.timeout)
+    if json_mode:
+        call = json_object_call(model, text, item, options, cap, transport.timeout)
+    else:
+        call = new_call(model, text, item, schema, options, cap, name, transport.timeout)
     return streamed(call, stream, usage)
+
+
+def _json_object(value: Any) -> bool:
+    """``response_format={"type": "json_object"}``: the answer is any JSON object."""
+    return isinstance(value, Mapping) and dict(value) == JSON_OBJECT
 
 
 def _answer(
@@ -140,6 +154,63 @@ def _schema(value: Any) -> Mapping[str, Any] | bool | None:
         schema = spec.get("schema")
         return schema if isinstance(schema, Mapping) else False
     return False
+
+
+#: ``post()`` options and the ``create()`` argument each stands for.
+_POST_OPTIONS = {
+    "headers": "extra_headers",
+    "params": "extra_query",
+    "extra_json": "extra_body",
+    "timeout": "timeout",
+}
+#: What ``create()`` itself asks of ``post()``: bearer authentication.
+_CREATE_SECURITY = {"bearer_auth": True}
+
+
+def posted_create(path: str, posted: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ``chat.completions.create`` arguments that send what a ``client.post(path,
+    **posted)`` call sends, or ``None`` when it is not such a call.
+
+    litellm's ``acompletion(client=...)`` posts a chat completion's body through the
+    client's own ``post`` (with the raw-response header); ``create`` sends the same body
+    to the same path, so the call can go through the coalescing ``create`` (and its
+    translator) instead. Only a JSON body of ``create``'s own arguments, ``cast_to``
+    ``ChatCompletion``, and options ``create`` itself would give (headers, query,
+    extra body, timeout, bearer authentication) are taken.
+
+    Args:
+        path: The path posted to.
+        posted: ``post``'s keyword arguments.
+    """
+    from openai.types.chat import ChatCompletion
+
+    body, options = posted.get("body"), posted.get("options") or {}
+    if path != "/chat/completions" or posted.get("cast_to") is not ChatCompletion:
+        return None
+    if set(posted) - {"cast_to", "body", "options", "stream", "stream_cls"}:
+        return None  # content=, files=: not a chat completion's body
+    if not isinstance(body, Mapping) or not isinstance(options, Mapping):
+        return None
+    if set(body) - _create_parameters() or bool(body.get("stream")) != bool(posted.get("stream")):
+        return None
+    if set(options) - set(_POST_OPTIONS) - {"security"}:
+        return None
+    if options.get("security") not in (None, _CREATE_SECURITY):
+        return None
+    sent = {_POST_OPTIONS[k]: v for k, v in options.items() if k in _POST_OPTIONS}
+    if "extra_headers" in sent:
+        sent["extra_headers"] = dict(sent["extra_headers"])
+    return {**body, **sent}
+
+
+def _create_parameters() -> frozenset[str]:
+    """The body arguments of the installed SDK's ``chat.completions.create``."""
+    import inspect
+
+    from openai.resources.chat.completions import AsyncCompletions
+
+    names = inspect.signature(AsyncCompletions.create).parameters
+    return frozenset(names) - {"self", "extra_headers", "extra_query", "extra_body", "timeout"}
 
 
 class OpenAIChatCreate(Translator):

@@ -36,13 +36,13 @@ def openai_parse_call(kwargs: Mapping[str, Any]) -> SdkCall | None:
     if "stream" in kwargs:  # parse() takes no stream=: the SDK says so itself
         return None
     if "tools" in kwargs:
-        from openai.lib._parsing import validate_input_tools
+        from ..providers._sdk_openai import validate_input_tools
 
         if converted(validate_input_tools, kwargs["tools"]) is None:
             return None  # a tool parse() cannot parse: the SDK's own error
     if "response_format" not in kwargs:
         return openai_create_call(kwargs)
-    from openai.lib import type_to_response_format_param
+    from ..providers._sdk_openai import type_to_response_format_param
 
     fmt = converted(type_to_response_format_param, kwargs["response_format"])
     return None if fmt is None else openai_create_call({**kwargs, "response_format": fmt})
@@ -89,7 +89,8 @@ class OpenAIChatParse(Translator):
 
     def reply(self, answer: Answer, given: Mapping[str, Any]) -> Any:
         import openai
-        from openai.lib._parsing import parse_chat_completion
+
+        from ..providers._sdk_openai import parse_chat_completion
 
         response_format, tools = given.get("response_format"), given.get("tools")
         return parse_chat_completion(

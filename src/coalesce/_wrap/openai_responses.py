@@ -7,8 +7,9 @@ chat completions, packed with calls like it. Coalesced:
   ``output_text`` parts) ending with one user message (the item); system and developer
   messages, and ``instructions=``, are the shared instructions, earlier user and
   assistant turns are rendered into them;
-- ``text.format`` absent, ``text`` or ``json_schema`` (its ``schema`` is the output
-  schema), with ``text.verbosity``; or one ``function`` tool forced by
+- ``text.format`` absent, ``text``, ``json_schema`` (its ``schema`` is the output
+  schema) or ``json_object`` (any JSON object, asked as the chat call of
+  :func:`~coalesce._wrap.call.json_object_call`), with ``text.verbosity``; or one ``function`` tool forced by
   ``tool_choice="required"`` or by name: its ``parameters`` are the output schema and
   the caller gets a ``function_call`` item;
 - ``max_output_tokens`` (the caller's cap), ``temperature``, ``top_p``,
@@ -35,6 +36,7 @@ from typing import Any, Literal
 from .call import (
     SdkCall,
     instructions,
+    json_object_call,
     last_user,
     new_call,
     output_cap,
@@ -76,6 +78,8 @@ _HANDLED = frozenset(
     }
 )
 _SYSTEM_ROLES = frozenset({"system", "developer"})
+#: What :func:`_text` reads ``text.format`` of ``json_object`` as: any JSON object.
+_JSON_OBJECT: Mapping[str, Any] = {"type": "object"}
 _FUNCTION_KEYS = frozenset({"type", "name", "parameters", "strict", "description"})
 
 
@@ -146,7 +150,10 @@ def responses_create_call(kwargs: Mapping[str, Any]) -> SdkCall | None:
     shared = instructions(system, earlier)
     name = None if tool is None else tool.name
     options = {**options, **sending.sent}
-    call = new_call(model, shared, item, schema, options, cap, name, sending.timeout)
+    if schema is _JSON_OBJECT:  # answered as the chat call json_object_call reads
+        call = json_object_call(model, shared, item, options, cap, sending.timeout)
+    else:
+        call = new_call(model, shared, item, schema, options, cap, name, sending.timeout)
     return streamed(call, stream, include_usage=False)
 
 
@@ -237,8 +244,10 @@ def _text(value: Any) -> tuple[Mapping[str, Any] | None, dict[str, Any]] | None:
     fmt = value.get("format")
     if fmt is None or (isinstance(fmt, Mapping) and fmt.get("type") == "text"):
         return None, options
+    if isinstance(fmt, Mapping) and dict(fmt) == {"type": "json_object"}:
+        return _JSON_OBJECT, options
     if not isinstance(fmt, Mapping) or fmt.get("type") != "json_schema":
-        return None  # json_object, or a format this cannot read
+        return None  # a format this cannot read
     schema = fmt.get("schema")
     return (schema, options) if isinstance(schema, Mapping) else None
 

@@ -44,7 +44,7 @@ def _create_arguments(kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
     text = kwargs.get("text") or {}
     if not isinstance(text, Mapping) or "format" in text:
         return None  # the SDK raises TypeError for both: let it
-    from openai.lib._parsing._responses import type_to_text_format_param
+    from ..providers._sdk_openai import type_to_text_format_param
 
     fmt = converted(type_to_text_format_param, kwargs["text_format"])
     return None if fmt is None else {**rest, "text": {**text, "format": fmt}}
@@ -68,7 +68,8 @@ class OpenAIResponsesParse(Translator):
 
     def reply(self, answer: Answer, given: Mapping[str, Any]) -> Any:
         import openai
-        from openai.lib._parsing._responses import parse_response
+
+        from ..providers._sdk_openai import parse_response
 
         create = _create_arguments(given) or {}
         return parse_response(

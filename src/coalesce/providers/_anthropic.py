@@ -38,12 +38,11 @@ def nonstreaming_cap(model: str) -> int:
     own per-model limit (``anthropic._constants.MODEL_NONSTREAMING_TOKENS``) where it
     has one, else :data:`NONSTREAMING_MAX_TOKENS`."""
     try:
-        from anthropic._constants import MODEL_NONSTREAMING_TOKENS
+        from ._sdk_anthropic import MODEL_NONSTREAMING_TOKENS
     except ImportError:  # an SDK without the table: the general limit
         return NONSTREAMING_MAX_TOKENS
-    return min(
-        NONSTREAMING_MAX_TOKENS, MODEL_NONSTREAMING_TOKENS.get(model, NONSTREAMING_MAX_TOKENS)
-    )
+    limit: int = MODEL_NONSTREAMING_TOKENS.get(model, NONSTREAMING_MAX_TOKENS)
+    return min(NONSTREAMING_MAX_TOKENS, limit)
 
 
 def finish_reason(stop_reason: str | None) -> str:
@@ -141,7 +140,7 @@ class AnthropicProvider(SDKProvider["anthropic.AsyncAnthropic"]):
             anthropic.APITimeoutError: The request timed out.
         """
         collector = Collector(on_text)
-        raw = await self._client.messages.with_raw_response.create(**self.arguments(request))
+        raw = await self.client.messages.with_raw_response.create(**self.arguments(request))
         headers = lower_headers(raw.headers.items())
         parsed = await raw.parse()  # a Message, or an AsyncStream of events
         if request.stream:

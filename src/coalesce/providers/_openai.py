@@ -102,7 +102,7 @@ class OpenAIProvider(SDKProvider["openai.AsyncOpenAI"]):
             openai.APITimeoutError: The request timed out.
         """
         collector = Collector(on_text)
-        create = self._client.chat.completions.with_raw_response.create
+        create = self.client.chat.completions.with_raw_response.create
         raw = await create(**self.arguments(request))
         headers = lower_headers(raw.headers.items())
         if request.stream:

@@ -3,6 +3,13 @@
 Both SDKs raise errors of the same shape (``APIStatusError``, ``APIConnectionError``,
 ``APITimeoutError``) and both retry by themselves; :class:`SDKProvider` turns the
 SDK's retries off and judges its errors, so the two never multiply.
+
+An SDK client's connection pool belongs to the event loop that first used it: its
+connections are that loop's sockets, and once that loop has closed they fail ("Event
+loop is closed"). So a provider never sends through your client's pool: each loop it
+sends from gets a copy of your client with a pool of its own
+(:meth:`SDKProvider.client`), closed as that loop ends, and your client is left to
+whichever loop you use it on.
 """
 
 from __future__ import annotations
@@ -10,13 +17,22 @@ from __future__ import annotations
 import contextlib
 import importlib
 import math
+import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
+from .._batching.runtime import at_loop_end, running_owner, spawn_on
 from ._base import RetryAdvice
 from ._http import lower_headers, status_advice, transport_error_kind
 
-__all__ = ["SDKProvider", "sdk_advice", "sdk_transport_errors", "timeout_seconds"]
+__all__ = [
+    "SDKProvider",
+    "own_pool",
+    "sdk_advice",
+    "sdk_transport_errors",
+    "timeout_seconds",
+]
 
 
 _Self = TypeVar("_Self", bound="_SDKClient")
@@ -46,11 +62,22 @@ class SDKProvider(Generic[ClientT]):
 
     def __init__(self, client: ClientT) -> None:
         self._client = client.with_options(max_retries=0)
+        self._pools = _Pools()
+        # Collected (an engine's objects refer to each other: by the garbage collector),
+        # it closes its copies on their loops: they are kept out of the garbage here.
+        weakref.finalize(self, self._pools.close)
 
     @property
     def client(self) -> Any:
-        """The SDK client requests go through (a copy of yours, with ``max_retries=0``)."""
-        return self._client
+        """The SDK client requests sent from the running loop go through: a copy of
+        yours with ``max_retries=0`` and a connection pool of that loop's own, closed as
+        the loop ends (a client given a custom ``http_client=`` is shared as it is:
+        coalesce cannot rebuild it)."""
+        owner = running_owner()
+        if owner is None:
+            return self._client
+        client = self._pools.copies.get(owner)
+        return client if client is not None else self._pools.add(owner, self._client)
 
     @property
     def default_timeout(self) -> float | None:
@@ -67,6 +94,45 @@ class SDKProvider(Generic[ClientT]):
             error: What ``complete`` raised.
         """
         return sdk_advice(error, importlib.import_module(self.sdk))
+
+
+class _Pools:
+    """A provider's copies of its client, one per loop, each with a pool of its own."""
+
+    def __init__(self) -> None:
+        self.copies: weakref.WeakKeyDictionary[object, Any] = weakref.WeakKeyDictionary()
+        # What closes each copy as its loop ends.
+        self.closers: weakref.WeakKeyDictionary[object, object] = weakref.WeakKeyDictionary()
+        self.lock = threading.Lock()  # threads' loops may send their first requests at once
+
+    def add(self, owner: object, client: Any) -> Any:
+        """The copy of ``client`` for the loop ``owner`` names, made now if need be
+        (``client`` itself if it cannot be copied)."""
+        with self.lock:
+            copy = self.copies.get(owner)
+            if copy is None:
+                copy = own_pool(client)
+                if copy is None:
+                    return client
+                self.copies[owner] = copy
+                self.closers[owner] = at_loop_end(copy.close)
+            return copy
+
+    def close(self) -> None:
+        """Close every copy on its loop (one that has ended keeps its sockets)."""
+        for owner, copy in list(self.copies.items()):
+            spawn_on(owner, copy.close)
+
+
+def own_pool(client: Any) -> Any:
+    """A copy of an SDK client with a connection pool of its own, or ``None`` if its
+    HTTP client is not the SDK's default (a custom one cannot be rebuilt)."""
+    http: Any = getattr(client, "_client", None)
+    if type(http).__name__ != "AsyncHttpxClientWrapper":
+        return None
+    return client.with_options(
+        http_client=type(http)(base_url=client.base_url, timeout=client.timeout)
+    )
 
 
 def timeout_seconds(timeout: Any) -> float | None:

@@ -21,7 +21,8 @@ from ._cache import CacheRequest
 from ._degradation import PackingDegradation, degrade_results
 from ._faults import ITEM_FAULTS, Fault, damage_results, damage_text
 from ._length import OutputTokens, target_tokens
-from ._model import expected_output
+from ._model import expected_output, free_text
+from ._tools import any_object
 from ._wire import PackedItem, item_output_schema, keyed_reply, parse_packed
 
 __all__ = [
@@ -59,9 +60,12 @@ class Prompt:
         user_parts: The text blocks of the last user message.
         schema: The schema the answer must follow, if any.
         json_mode: The answer must be JSON (OpenAI ``json_object``).
-        described: With ``json_mode`` and no ``schema``: the schema the prompt's text
-            spells out, which the answer follows (written as the model writes JSON it
-            was only told about, with spaces).
+        described: The schema the prompt's text spells out, if any (a forced tool's
+            request has none). The answer follows it where the request leaves the
+            answer's shape open: no ``schema`` (JSON mode, or text: a model told to
+            answer by a schema does, in a fenced ````json`` block when the prompt asks
+            for one), or a ``schema`` (or a packed item's) that allows any object.
+            Written as the model writes JSON it was only told about, with spaces.
         tool: The forced tool whose input (Anthropic) or arguments (OpenAI) are the
             answer, if any.
         max_tokens: The completion token limit, if any.
@@ -145,33 +149,59 @@ def _shaping_schema(prompt: Prompt) -> Mapping[str, Any] | None:
     Args:
         prompt: The parsed request.
     """
-    return prompt.schema if prompt.schema is not None else prompt.described
+    return _told(prompt.schema if prompt.schema is not None else prompt.described, prompt)
 
 
-def _item_schema(prompt: Prompt) -> dict[str, Any] | None:
+def _told(schema: Mapping[str, Any] | None, prompt: Prompt) -> Mapping[str, Any] | None:
+    """``schema``; where it allows any object, the schema the prompt's text spells out
+    instead, if it spells out one that says more (a model reads its instructions)."""
+    told = prompt.described
+    if schema is not None and any_object(schema) and told is not None and not any_object(told):
+        return told
+    return schema
+
+
+def _item_schema(prompt: Prompt) -> Mapping[str, Any] | None:
     """The schema of one packed item's output: from the reply schema, or (a described
     schema that is not a whole reply's) the described schema itself."""
     if prompt.schema is not None:
-        return item_output_schema(prompt.schema)
+        return _told(item_output_schema(prompt.schema), prompt)
     if prompt.described is not None:
-        return item_output_schema(prompt.described) or dict(prompt.described)
+        return _told(item_output_schema(prompt.described) or dict(prompt.described), prompt)
     return None
+
+
+def _fenced(text: str, prompt: Prompt) -> str:
+    """``text`` in a ````json`` block when the prompt asks for one (instructor's MD_JSON)."""
+    return f"```json\n{text}\n```" if any("```json" in t for t in prompt.texts) else text
+
+
+def _item_output(
+    item: PackedItem, schema: Mapping[str, Any] | None, prompt: Prompt, lengths: OutputTokens
+) -> Any:
+    """One packed item's answer. An output allowed to be any object is the unshaped
+    answer as an object, as a plain JSON-mode call answers; an output of free text whose
+    instructions spell out a schema is the JSON the model was told to write, as text."""
+    tokens = target_tokens(lengths, item.input)
+    if schema is not None and any_object(schema):
+        return {"output": expected_output(item.input, output_tokens=tokens)}
+    told = prompt.described
+    if schema is not None and free_text(schema) and told is not None and not any_object(told):
+        value = expected_output(item.input, told, output_tokens=tokens)
+        return _fenced(json.dumps(value, ensure_ascii=False), prompt)
+    return expected_output(item.input, schema, output_tokens=tokens)
 
 
 def _packed_results(
     items: list[PackedItem],
-    item_schema: Mapping[str, Any] | None,
+    prompt: Prompt,
     lengths: OutputTokens,
     degradation: PackingDegradation | None,
 ) -> tuple[list[dict[str, Any]], int]:
     """Each item's answer, and how many of them ``degradation`` made wrong."""
+    item_schema = _item_schema(prompt)
     results = [
-        {
-            "id": item.id,
-            "output": expected_output(
-                item.input, item_schema, output_tokens=target_tokens(lengths, item.input)
-            ),
-        }
+        {"id": item.id, "output": _item_output(item, item_schema, prompt, lengths)}
         for item in items
     ]
     inputs = [item.input for item in items]
@@ -203,13 +233,16 @@ def _single_value(prompt: Prompt, lengths: OutputTokens) -> Any:
         with contextlib.suppress(ValueError):
             question = json.loads(question)
     schema = _shaping_schema(prompt)
+    free = schema is not None and any_object(schema)  # any object: its shape left open
+    if free:
+        schema = None
     inner = _answer_schema(schema)
     if inner is not None:  # a scalar asked for as {"answer": ...}: the same answer, wrapped
         tokens = target_tokens(lengths, question)
         return {"answer": expected_output(question, inner, output_tokens=tokens)}
     value = expected_output(question, schema, output_tokens=target_tokens(lengths, question))
-    unshaped = prompt.schema is None and not isinstance(value, dict)
-    if unshaped and (prompt.json_mode or prompt.tool is not None):
+    unshaped = (prompt.schema is None or free) and not isinstance(value, dict)
+    if unshaped and (prompt.json_mode or prompt.tool is not None or free):
         return {"output": value}
     return value
 
@@ -293,16 +326,17 @@ def compose(
     value: Any
     degraded = 0
     if items is not None:
-        item_schema = _item_schema(prompt)
-        results, degraded = _packed_results(items, item_schema, lengths, degradation)
+        results, degraded = _packed_results(items, prompt, lengths, degradation)
         if faults & ITEM_FAULTS:
-            results, applied = damage_results(results, faults, rng, item_schema)
+            results, applied = damage_results(results, faults, rng, _item_schema(prompt))
         keyed = keyed_reply(prompt.schema, prompt.texts)
         text, value = _write_results(results, keyed, compact)
     else:
         value = _single_value(prompt, lengths)
         plain = isinstance(value, str) and prompt.schema is None
         text = value if plain else json.dumps(value, ensure_ascii=False, separators=compact)
+        if not plain and prompt.schema is None and not prompt.json_mode and prompt.tool is None:
+            text = _fenced(text, prompt)  # told about a schema, asked for text
     tool_input: dict[str, Any] | None = None
     if prompt.tool is not None:
         tool_input = value if isinstance(value, dict) else {"output": value}

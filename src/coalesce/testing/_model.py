@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["canonical_json", "expected_output", "fraction"]
+__all__ = ["canonical_json", "expected_output", "fraction", "free_text"]
 
 # Common words that are one token each in the OpenAI encodings; they pad string
 # fields so an answer reaches its target length.
@@ -74,7 +74,7 @@ def expected_output(
             with deterministic words until the answer is about this many tokens long.
     """
     key = _input_key(item_input)
-    if schema is None or _free_text(schema):
+    if schema is None or free_text(schema):
         # Free text is the same answer whether asked for as text or as a JSON string.
         padded = _pad(f"out-{key[:12]}", key, output_tokens, f"out-{key[:12]}")
         return padded
@@ -85,7 +85,7 @@ def expected_output(
     return value
 
 
-def _free_text(schema: Mapping[str, Any]) -> bool:
+def free_text(schema: Mapping[str, Any]) -> bool:
     """A schema that asks for any string: ``{"type": "string"}``, annotations aside,
     directly or through a ``$ref`` into its ``$defs``."""
     node: Any = schema

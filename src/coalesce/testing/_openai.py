@@ -32,7 +32,8 @@ class OpenAIFlavour:
         """Return the prompt of a Chat Completions request.
 
         ``response_format`` gives the schema of the answer (``json_schema``) or asks
-        for any JSON (``json_object``: the schema the messages spell out, if any); a
+        for any JSON (``json_object``); the schema the messages spell out, if any, shapes
+        an answer the request leaves free (see :attr:`Prompt.described`); a
         forced function tool's ``parameters`` are the schema of its arguments, the
         answer; ``max_completion_tokens`` wins over the older ``max_tokens``;
         ``prompt_cache_key`` scopes the prompt cache.
@@ -49,11 +50,9 @@ class OpenAIFlavour:
         messages = require_messages(body)
         texts, user_parts = conversation(messages)
         schema, json_mode = self._response_format(body.get("response_format"))
+        described = described_schema(texts, user_parts)
         if schema is not None:
             texts.append(json.dumps(schema))
-        described = None
-        if json_mode and schema is None:
-            described = described_schema(texts, user_parts)
         tool = forced_function(body, nested=True)
         if tool is not None:
             schema = tool.schema

@@ -82,9 +82,9 @@ class ResponsesFlavour:
         messages = [*system, *_input_messages(body.get("input"))]
         texts, user_parts = conversation(messages)
         schema, json_mode = _schema_of(_text_format(body))
+        described = described_schema(texts, user_parts)
         if schema is not None:
             texts.append(json.dumps(schema))
-        described = described_schema(texts, user_parts) if json_mode and schema is None else None
         tool = forced_function(body, nested=False)
         if isinstance(body.get("tools"), list):
             texts.append(json.dumps(body["tools"]))

@@ -17,7 +17,10 @@ from typing import Any
 from ._asgi import HttpError
 from ._wire import parse_packed
 
-__all__ = ["ForcedTool", "described_schema", "forced_function"]
+__all__ = ["ForcedTool", "any_object", "described_schema", "forced_function"]
+
+#: Keys that describe a schema without constraining it.
+_ANNOTATIONS = frozenset({"$schema", "title", "description", "$defs", "definitions"})
 
 #: Keys only a JSON schema has at its root (an object with one is taken for a schema).
 _SCHEMA_KEYS = frozenset({"properties", "$defs", "definitions", "anyOf", "oneOf", "allOf", "$ref"})
@@ -102,36 +105,56 @@ def _looks_like_schema(value: Any) -> bool:
     return bool(_SCHEMA_KEYS & value.keys()) or value.get("type") in _SCHEMA_TYPES
 
 
-def _schema_in(text: str) -> dict[str, Any] | None:
-    """The first JSON object in ``text`` that is a JSON schema (outermost first)."""
+def any_object(schema: Mapping[str, Any]) -> bool:
+    """Whether ``schema`` allows any JSON object and says nothing more (``{"type":
+    "object"}``, annotations aside, directly or through a ``$ref`` into its ``$defs``):
+    it leaves the answer's shape to the instructions."""
+    node: Any = schema
+    for _ in range(8):  # through a $ref into the schema's own $defs (a packed item's)
+        ref = node.get("$ref") if isinstance(node, Mapping) else None
+        if not isinstance(ref, str) or not ref.startswith("#/$defs/"):
+            break
+        node = schema.get("$defs", {}).get(ref[len("#/$defs/") :])
+    if not isinstance(node, Mapping):
+        return False
+    rest = {k: v for k, v in node.items() if k not in _ANNOTATIONS}
+    if rest.get("additionalProperties") is True:
+        del rest["additionalProperties"]
+    return rest == {"type": "object"}
+
+
+def _schemas_in(text: str) -> list[dict[str, Any]]:
+    """The JSON objects in ``text`` that are JSON schemas (outermost first)."""
     decoder = json.JSONDecoder()
+    found: list[dict[str, Any]] = []
     start = text.find("{")
     while start != -1:
         try:
-            value, _ = decoder.raw_decode(text, start)
+            value, end = decoder.raw_decode(text, start)
         except ValueError:
-            value = None
+            value, end = None, start + 1
         if _looks_like_schema(value):
-            return dict(value)
-        start = text.find("{", start + 1)
-    return None
+            found.append(dict(value))
+            start = text.find("{", end)
+        else:
+            start = text.find("{", start + 1)
+    return found
 
 
 def described_schema(texts: Sequence[str], user_parts: Sequence[str]) -> dict[str, Any] | None:
     """Return the JSON schema the prompt's text spells out for the answer, if any.
 
     The texts are read in order (instructions first); the items of a packed request
-    are data, never read for a schema.
+    are data, never read for a schema. A schema that allows any object
+    (:func:`any_object`, such as a packed frame's ``{"type": "object"}`` output) says
+    less than one the instructions spell out: it is returned only when there is no other.
 
     Args:
         texts: Every text of the prompt.
         user_parts: The text blocks of the last user message.
     """
     skipped = set(user_parts) if parse_packed(user_parts) is not None else set()
-    for text in texts:
-        if text in skipped:
-            continue
-        schema = _schema_in(text)
-        if schema is not None:
-            return schema
-    return None
+    found = [schema for text in texts if text not in skipped for schema in _schemas_in(text)]
+    shaping = [schema for schema in found if not any_object(schema)]
+    first = shaping or found
+    return first[0] if first else None
