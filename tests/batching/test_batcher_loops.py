@@ -1,5 +1,5 @@
-"""How the batcher meets event loops: asyncio's awaitables, sequential loops, trio, calls
-forwarded from other loops and threads."""
+"""How the batcher meets event loops: asyncio's awaitables, sequential loops, trio, and
+calls from other loops and threads, which move its work to the background loop."""
 
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ import pytest
 from coalesce import Batcher
 from coalesce._batching.batcher import Route, route
 from coalesce._batching.runtime import CARRIED
+
+#: The thread of the background loop (coalesce._batching.portal).
+BACKGROUND = "coalesce-background-loop"
 
 
 async def echo(items: list[Any]) -> list[Any]:
@@ -78,8 +81,11 @@ def test_cancelling_the_task_that_drives_a_call_withdraws_it() -> None:
     assert batcher.statistics().items_cancelled == 1
 
 
-def test_a_batcher_moves_to_a_new_loop_once_idle() -> None:
-    batcher = Batcher(echo, max_wait=0.001)
+def test_a_batcher_whose_loop_ended_moves_to_the_background_loop() -> None:
+    """The loop it served ended (its asyncio.run returned): the next loop's calls are
+    served on the background loop, which outlives every other, and stay there."""
+    seen = Seen()
+    batcher = Batcher(seen, max_wait=0.001)
 
     async def main(item: str) -> Any:
         return await batcher(item)
@@ -88,6 +94,7 @@ def test_a_batcher_moves_to_a_new_loop_once_idle() -> None:
     assert asyncio.run(main("second")) == ("echo", "second")
     assert anyio.run(main, "on trio", backend="trio") == ("echo", "on trio")
     assert batcher.statistics().items_completed == 3
+    assert seen.threads == ["MainThread", BACKGROUND, BACKGROUND]
 
 
 def _in_thread(fn: Any, *args: Any) -> concurrent.futures.Future[Any]:
@@ -117,7 +124,9 @@ class Seen:
         return [("echo", item) for item in items]
 
 
-def test_a_call_from_a_second_loop_is_served_in_the_batchers_loop() -> None:
+def test_a_call_from_a_second_loop_moves_the_work_to_the_background_loop() -> None:
+    """A second loop calls: what waits on the first moves to the background loop, where
+    the calls of both share a batch; nothing of either runs on a loop that may end."""
     seen = Seen()
     batcher = Batcher(seen, max_wait=30.0, max_items=2)
 
@@ -128,10 +137,11 @@ def test_a_call_from_a_second_loop_is_served_in_the_batchers_loop() -> None:
         assert await asyncio.wrap_future(other) == ("echo", "other")
 
     asyncio.run(main())
-    assert seen.batches == [["held", "other"]]  # one batch: the window filled
-    assert seen.threads == [threading.current_thread().name]
-    # Afterwards a new loop (its first one ended) is served as before.
+    assert [sorted(batch) for batch in seen.batches] == [["held", "other"]]  # the window filled
+    assert seen.threads == [BACKGROUND]
+    # Afterwards a new loop's calls are served there too.
     assert asyncio.run(_gather(batcher, "a", "b")) == [("echo", "a"), ("echo", "b")]
+    assert seen.threads == [BACKGROUND, BACKGROUND]
 
 
 async def _call(batcher: Batcher[Any, Any], item: Any) -> Any:
@@ -143,12 +153,25 @@ async def _gather(batcher: Batcher[Any, Any], *items: Any) -> list[Any]:
 
 
 @pytest.mark.parametrize(("home", "other"), [("asyncio", "trio"), ("trio", "asyncio")])
-def test_calls_are_forwarded_between_asyncio_and_trio(home: str, other: str) -> None:
+def test_calls_from_asyncio_and_trio_meet_on_the_background_loop(home: str, other: str) -> None:
+    """From asyncio, the waiting item moves to the background loop and shares a batch
+    there; from trio, whose clock is not the background loop's, it is sent at once
+    (reason ``move``) where it is, and the batcher moves once it is done."""
     seen = Seen()
     batcher = Batcher(seen, max_wait=30.0, max_items=2)
+    # From trio, the held item goes alone: two calls fill the next batch.
+    others = ["forwarded"] if home == "asyncio" else ["forwarded", "also"]
 
-    async def from_other_loop() -> Any:
-        return await batcher("forwarded")
+    async def from_other_loop() -> list[Any]:
+        found: list[Any] = []
+
+        async def one(item: str) -> None:
+            found.append(await batcher(item))
+
+        async with anyio.create_task_group() as tg:
+            for item in others:
+                tg.start_soon(one, item)
+        return sorted(found)
 
     async def main() -> list[Any]:
         held = []
@@ -162,10 +185,17 @@ def test_calls_are_forwarded_between_asyncio_and_trio(home: str, other: str) -> 
             forwarded = await anyio.to_thread.run_sync(
                 lambda: anyio.run(from_other_loop, backend=other)
             )
-        return [*held, forwarded]
+        return [*held, *forwarded]
 
-    assert anyio.run(main, backend=home) == [("echo", "held"), ("echo", "forwarded")]
-    assert seen.batches == [["held", "forwarded"]]
+    answers = anyio.run(main, backend=home)
+    assert answers == [("echo", "held"), *sorted(("echo", item) for item in others)]
+    if home == "asyncio":
+        assert [sorted(batch) for batch in seen.batches] == [["forwarded", "held"]]
+        assert seen.threads == [BACKGROUND]
+    else:
+        assert [sorted(batch) for batch in seen.batches] == [["held"], sorted(others)]
+        assert seen.threads == ["MainThread", BACKGROUND]
+        assert batcher.statistics().dispatch_reasons["move"] == 1
 
 
 _BUDGET: contextvars.ContextVar[float] = contextvars.ContextVar("budget", default=0.0)
@@ -216,17 +246,17 @@ def test_cancelling_a_forwarded_call_withdraws_its_item() -> None:
     async def main() -> None:
         held = batcher("held")
         thread = _in_thread(asyncio.run, leaves())
-        # Another thread's call lands in this loop's window: polled, as nothing here
-        # is told when it does.
+        # Both items land in the background loop's window: polled, as nothing here is
+        # told when they do.
         while batcher.statistics().queue_depth < 2:  # noqa: ASYNC110
             await asyncio.sleep(0.001)
         queued.set()
         await asyncio.wrap_future(thread)
         while batcher.statistics().queue_depth > 1:  # noqa: ASYNC110
-            await asyncio.sleep(0.001)  # the withdrawal crosses back to this loop
-        stays = [batcher("stays"), batcher("also")]
+            await asyncio.sleep(0.001)  # the withdrawal crosses to the background loop
+        both = asyncio.gather(batcher("stays"), batcher("also"))
         assert await held == ("echo", "held")
-        assert await asyncio.gather(*stays) == [("echo", "stays"), ("echo", "also")]
+        assert await both == [("echo", "stays"), ("echo", "also")]
 
     asyncio.run(main())
     assert cancelled.is_set()
@@ -235,19 +265,48 @@ def test_cancelling_a_forwarded_call_withdraws_its_item() -> None:
     assert (stats.items_cancelled, stats.items_submitted) == (1, 4)
 
 
-def test_a_call_whose_loop_ends_under_it_is_served_again_in_the_background() -> None:
-    """The batcher's loop (a worker thread's asyncio.run) ends while a call forwarded
-    to it from another loop waits: that call is served again, on the background loop
-    (the batcher is shared, so it settles where no loop's end cuts its work short)."""
-    bound, started = threading.Event(), threading.Event()
+def test_cancelling_a_call_whose_item_moved_withdraws_it_there() -> None:
+    """An item moved from the loop it was made on to the background loop: its caller,
+    still on its own loop, leaves, and the item leaves the background loop's window."""
+    seen = Seen()
+    batcher = Batcher(seen, max_wait=30.0, max_items=3)
 
-    async def blocks_outside_the_background(items: list[Any]) -> list[Any]:
-        if threading.current_thread().name != "coalesce-background-loop":
-            started.set()
-            await anyio.sleep_forever()  # cancelled when its loop ends
+    async def main() -> None:
+        task = asyncio.create_task(_call(batcher, "leaves"))
+        await asyncio.sleep(0)  # bound to this loop, the item in its window
+        other = _in_thread(asyncio.run, _call(batcher, "other"))
+        while batcher.statistics().queue_depth < 2:  # noqa: ASYNC110
+            await asyncio.sleep(0.001)  # both moved to the background loop's window
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        while batcher.statistics().queue_depth > 1:  # noqa: ASYNC110
+            await asyncio.sleep(0.001)  # the withdrawal crosses to the background loop
+        stays = await asyncio.gather(batcher("stays"), batcher("also"))
+        assert stays == [("echo", "stays"), ("echo", "also")]
+        assert await asyncio.wrap_future(other) == ("echo", "other")
+
+    asyncio.run(main())
+    assert seen.batches == [["other", "stays", "also"]]
+    assert seen.threads == [BACKGROUND]
+
+
+def test_a_loop_that_ends_cuts_short_no_other_loops_call() -> None:
+    """A worker thread's loop (its asyncio.run) ends while another thread's call shares
+    a batch with its own, in flight: that batch runs on the background loop, so the other
+    call is answered by it, once, and the ended loop's own call is dropped."""
+    ended, started = threading.Event(), threading.Event()
+
+    async def slow(items: list[Any]) -> list[Any]:
+        seen.batches.append(list(items))
+        seen.threads.append(threading.current_thread().name)
+        started.set()
+        await anyio.to_thread.run_sync(ended.wait)  # in flight until the first loop ended
         return [("echo", item) for item in items]
 
-    batcher = Batcher(blocks_outside_the_background, max_wait=0.01, max_items=2)
+    seen = Seen()
+    batcher = Batcher(slow, max_wait=30.0, max_items=2)
+    bound = threading.Event()
 
     async def first() -> None:
         asyncio.create_task(_call(batcher, "abandoned"))  # noqa: RUF006 - cancelled at the end
@@ -259,9 +318,15 @@ def test_a_call_whose_loop_ends_under_it_is_served_again_in_the_background() -> 
     bound.wait()
     second = _in_thread(asyncio.run, _call(batcher, "forwarded"))
     ending.result()
+    ended.set()
     assert second.result() == ("echo", "forwarded")
-    # Later calls from a worker thread's loop are served there too, and coalesce.
-    assert _in_thread(asyncio.run, _call(batcher, "later")).result() == ("echo", "later")
+    assert [sorted(batch) for batch in seen.batches] == [["abandoned", "forwarded"]]  # once
+    assert seen.threads == [BACKGROUND]
+    stats = batcher.statistics()
+    assert (stats.items_completed, stats.items_cancelled) == (1, 1)
+    # Later calls from a worker thread's loop are served there too.
+    later = _in_thread(asyncio.run, _gather(batcher, "later", "too")).result()
+    assert later == [("echo", "later"), ("echo", "too")]
 
 
 def test_items_left_on_a_loop_closed_without_running_them_are_abandoned() -> None:
@@ -293,30 +358,31 @@ R = Route
 @pytest.mark.parametrize(
     ("case", "expected"),
     [
-        ({"same_loop": True, "bound": True, "home_running": True}, R.HERE),
-        ({"bound": True, "home_running": True}, R.HOME),
-        ({"bound": True, "home_running": True, "idle": True, "may_bind": True}, R.HOME),
-        ({"bound": True, "home_running": True, "home_ending": True}, R.WAIT),
-        ({"bound": True, "home_running": True, "home_ending": True, "idle": True}, R.HERE),
-        ({"bound": True, "home_running": False}, R.HERE),
-        ({"bound": False}, R.HERE),
-        ({"bound": True, "home_running": False, "shared": True}, R.BACKGROUND),
-        ({"bound": True, "home_running": False, "shared": True, "may_bind": True}, R.HERE),
+        # One loop so far: served where it runs, the first one binding it.
+        ({"serving_here": True, "bound": True, "home_running": True}, R.HERE),
+        ({}, R.HERE),
+        # A second loop while the first still runs: the call goes to the background
+        # loop, and waits there until the first has handed its work over.
+        ({"bound": True, "home_running": True}, R.BACKGROUND),
+        ({"bound": True, "home_running": True, "shared": True}, R.BACKGROUND),
+        ({"bound": True, "home_running": True, "on_background": True}, R.WAIT),
+        # Its loop ended, or handed over: the background loop binds it, others forward.
+        ({"bound": True}, R.BACKGROUND),
+        ({"bound": True, "on_background": True}, R.HERE),
+        ({"shared": True}, R.BACKGROUND),
+        ({"shared": True, "on_background": True}, R.HERE),
+        # On the background loop: it stays there.
         (
-            {
-                "bound": True,
-                "home_running": True,
-                "home_ending": True,
-                "idle": True,
-                "shared": True,
-            },
+            {"bound": True, "home_running": True, "home_background": True, "shared": True},
             R.BACKGROUND,
         ),
+        ({"bound": True, "home_background": True, "shared": True}, R.BACKGROUND),
+        ({"bound": True, "home_background": True, "on_background": True}, R.HERE),
     ],
 )
 def test_route(case: dict[str, bool], expected: Route) -> None:
     given = dict.fromkeys(
-        ("same_loop", "bound", "home_running", "home_ending", "idle", "shared", "may_bind"),
+        ("serving_here", "bound", "home_running", "home_background", "shared", "on_background"),
         False,
     )
     assert route(**{**given, **case}) is expected

@@ -101,8 +101,12 @@ async def test_in_time_asks_the_planner_for_a_request_of_the_call_alone(
     assert engine.in_time(job, 30.0)
     assert not engine.in_time(job, 0.001)  # less than the prior predicts for one item
     assert not engine.in_time(job, 0.0)
-    unplanned = engine_for(sim.openai_client(), lane="realtime")
-    assert unplanned.in_time(unplanned.new_job("a ticket"), 0.001)  # no planner: any time left
+    # Every engine plans, its function's budget or not: a call's own budget is enough.
+    unconfigured = engine_for(sim.openai_client(), lane="realtime")
+    own = unconfigured.new_job("a ticket", budget=30.0)
+    assert unconfigured.in_time(own, 30.0)
+    assert not unconfigured.in_time(own, 0.001)
+    assert unconfigured.in_time(unconfigured.new_job("a ticket"), math.inf)  # no budget
 
 
 async def test_the_engine_knows_no_lane_the_router_does(sim: SimulatedProvider) -> None:

@@ -47,9 +47,10 @@ def test_40_calls_from_a_thread_pool_coalesce(sim: SimulatedProvider) -> None:
 
 
 def test_40_threads_each_running_their_own_event_loop_coalesce(sim: SimulatedProvider) -> None:
-    """The shape that failed (issue 25): ``asyncio.run(tag(ticket))`` in each thread of
-    a pool. Each call is served on the loop the function's batcher serves, forwarded
-    there from the thread's own loop."""
+    """The shape that failed (issues 25 and 34): ``asyncio.run(tag(ticket))`` in each
+    thread of a pool. Once a second loop calls, the function's work moves to the
+    background loop (what waited on the first loop with it), and every call is served
+    there, forwarded from the thread's own loop."""
     tag = make_tag(sim.openai_client(max_retries=0))
     items = tickets()
     answers = in_threads(lambda item: asyncio.run(tag(item)), items)

@@ -10,13 +10,13 @@ has waited ``max_wait`` (decisions in :mod:`coalesce._batching.policy`). Three p
 * :mod:`~coalesce._batching.dispatcher`, the batch's side: windows run as batches in
   background tasks, results go back by position, a timer closes each window when due.
 
-A batcher serves one event loop at a time, the first that calls it. A call made on
-another loop while that one runs (another thread's loop, the background loop of
-synchronous callers) is forwarded to it (:func:`route` decides, the runtime's
-:func:`~coalesce._batching.runtime.forward` carries it), so the calls of every loop
-share its windows; a batcher whose loop has ended moves to the next one that calls it,
-and one that has served several loops moves to the background loop
-(:mod:`~coalesce._batching.portal`), which lasts as long as the process.
+A batcher serves the first event loop that calls it while no other loop does (the
+fast path). Once another loop calls it, or its loop ends, its work moves to the
+process's background loop (:mod:`~coalesce._batching.portal`), which lasts as long as
+the process, and stays there: :func:`route` decides, :func:`_hand_over` moves what
+waited on the loop it leaves (in that loop's thread), and the runtime's
+:func:`~coalesce._batching.runtime.forward` carries each call made elsewhere, so the
+calls of every loop share its windows and no loop's end cancels another's.
 
 Its options are checked in :mod:`~coalesce._batching.options`. Two seams, no
 subclassing: a :class:`~coalesce._batching.policy.DispatchPolicy` decides, besides the
@@ -27,9 +27,12 @@ before the whole batch returns (the streaming split does).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
+import math
 import threading
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from threading import get_ident
 from typing import Any, Generic, TypeVar
@@ -54,7 +57,7 @@ from .policy import (
     before_add,
     validate_size,
 )
-from .portal import background_runtime, in_background_thread
+from .portal import background_runtime, is_background
 from .runtime import LoopEnded, Runtime, current_runtime, forward, running_owner
 from .stats import BatcherStatistics
 from .window import Window, Windows
@@ -67,10 +70,11 @@ R = TypeVar("R")
 
 #: Reasons a window goes at once even while released items are being placed.
 _AT_ONCE = (None, DispatchReason.FULL, DispatchReason.SIZE, DispatchReason.TOKENS)
-#: Seconds between looks at a loop that is ending with work of the batcher's left.
-_ENDING_POLL = 0.01
+#: Seconds between looks at a loop that is handing a batcher's work over (it says when
+#: it has; the look finds one that ended instead).
+_HAND_OVER_POLL = 0.05
 #: Binding a batcher to a loop happens once at a time, whichever thread asks.
-_binding = threading.Lock()
+_binding = threading.RLock()
 
 
 #: What a policy answers to send an item alone, at once.
@@ -81,43 +85,64 @@ class Route(enum.Enum):
     """Where a call made on the running loop is served (see :func:`route`)."""
 
     HERE = "here"  # on the running loop (the batcher's, or it binds to it now)
-    HOME = "home"  # forwarded to the loop the batcher serves
     BACKGROUND = "background"  # forwarded to the process's background loop
-    WAIT = "wait"  # the batcher's loop is ending with work left: ask again shortly
+    WAIT = "wait"  # on the background loop, until the batcher's loop hands its work over
 
 
 def route(
     *,
-    same_loop: bool,
+    serving_here: bool,
     bound: bool,
     home_running: bool,
-    home_ending: bool,
-    idle: bool,
+    home_background: bool,
     shared: bool,
-    may_bind: bool,
+    on_background: bool,
 ) -> Route:
     """Where a call made on the running loop is served (pure).
 
+    A batcher serves the first loop that calls it, alone, while no other loop does. Once
+    another loop calls it, or its loop ends, it is *shared*: its work moves to the
+    process's background loop, which lasts as long as the process, and stays there.
+
     Args:
-        same_loop: The running loop is the one the batcher serves.
+        serving_here: The batcher serves the running loop, and is not leaving it.
         bound: The batcher serves a loop.
         home_running: That loop still runs.
-        home_ending: That loop cancelled a call forwarded to it: it is shutting down.
-        idle: The batcher holds no item and runs no batch or timer.
-        shared: The batcher has served calls of more than one loop.
-        may_bind: The running loop is one a shared batcher may move to: the main
-            thread's, or the background loop.
+        home_background: That loop is the background loop.
+        shared: Calls came from more than one loop (or its first loop ended).
+        on_background: The running loop is the background loop.
     """
-    if same_loop:
+    if serving_here or not (bound or shared):
         return Route.HERE
-    if bound and home_running:
-        if not home_ending:
-            return Route.HOME
-        if not idle:
-            return Route.WAIT
-    # Unbound, or its loop ended: a batcher used by one loop so far follows it; one
-    # shared by several settles where no loop's end can cut its work short.
-    return Route.HERE if may_bind or not shared else Route.BACKGROUND
+    if not on_background:
+        return Route.BACKGROUND
+    if bound and home_running and not home_background:
+        return Route.WAIT  # what its loop runs finishes there first, then it moves
+    return Route.HERE
+
+
+class _Move:
+    """A batcher's move to the background loop (see :func:`route`)."""
+
+    __slots__ = ("handed", "handing", "moved", "shared")
+
+    def __init__(self) -> None:
+        self.shared = False  # called from more than one loop: its work moves away
+        self.handing: Runtime | None = None  # the loop asked to hand its work over
+        self.handed: anyio.Event | None = None  # set (on the background loop) once it has
+        # Items moved from the loop it left, by their callers' waiters (see _hand_over).
+        self.moved: weakref.WeakKeyDictionary[Any, anyio.CancelScope] = weakref.WeakKeyDictionary()
+
+    def withdraw(self, waiter: Any) -> bool:
+        """Withdraw the moved item of ``waiter``'s caller; False if it did not move."""
+        scope = self.moved.pop(waiter, None)
+        if scope is None:
+            return False
+        # Outside its loop (asyncio.run cancelling what is left), the task that carries
+        # it is cancelled as well.
+        with contextlib.suppress(RuntimeError):
+            scope.cancel()
+        return True
 
 
 class Batcher(Generic[T, R]):
@@ -207,11 +232,12 @@ class Batcher(Generic[T, R]):
         self._clock: Callable[[], float] = _no_clock
         self._new_waiter: Callable[[], Any] = _no_clock
         self._closed = False
-        # Accepted items = dispatched + withdrawn + still queued: nothing is counted
-        # per item on the hot path, the totals are derived from the windows.
+        # Accepted = dispatched + withdrawn + queued: nothing is counted per item.
         self._withdrawn = 0
         self._cancelled = 0
-        self._shared = False  # served calls of more than one loop
+        # The loop whose calls are served right there (None while unbound or leaving).
+        self._serving: object | None = None
+        self._move = _Move()
         functools.update_wrapper(self, fn, updated=())
 
     # -- the caller's side ---------------------------------------------------
@@ -314,7 +340,9 @@ class Batcher(Generic[T, R]):
         if self._policy is not None:
             members = window.items if window is not None else []
             answer = self._policy.before_add(members, item, now)
-            if isinstance(answer, Hold) and answer.until > now and not self._closed:
+            # Nothing is held once closed, or while leaving its loop (not serving).
+            held = not self._closed and self._serving is not None
+            if held and isinstance(answer, Hold) and answer.until > now:
                 self._dispatcher.hold(key, item, waiter, arrival, answer.until)
                 return waiter
             if answer in _ALONE:
@@ -347,18 +375,17 @@ class Batcher(Generic[T, R]):
 
     def _on_cancel(self, waiter: Any) -> None:
         """A caller was cancelled: take its item out if it was not dispatched yet."""
+        if self._move.moved and self._move.withdraw(waiter):
+            return  # it moved: it leaves the background loop, and is counted there
         self._cancelled += 1
         if self._queue.withdraw(waiter):
             self._withdrawn += 1
 
     async def run_on_its_loop(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
-        """``await fn(*args)`` on the event loop this batcher serves: here if it serves
-        the running loop (or none yet, or its loop has ended), else forwarded to its
-        loop and awaited here. Cancelling the caller cancels it there.
-
-        The surfaces run a whole call so, making its job on the loop that answers it.
-        """
-        if self._rt is not None and self._rt.owner is running_owner():
+        """``await fn(*args)`` where :func:`route` says: here, or on the background loop
+        and awaited here (cancelling the caller cancels it there). The surfaces run a
+        whole call so, making its job on the loop that answers it."""
+        if self._serving is running_owner():
             return await fn(*args)  # the usual case, without a frame more
         return await _on_its_loop(self, fn, *args)
 
@@ -439,6 +466,7 @@ def _bind(batcher: Batcher[Any, Any]) -> Runtime:
     # Not a stock asyncio loop: the hot path always takes the full check.
     batcher._loop = loop if isinstance(getattr(loop, "_thread_id", None), int) else None
     batcher._queue.room = dispatcher.drained = None
+    batcher._serving = rt.owner
     return rt
 
 
@@ -473,6 +501,11 @@ def _idle(batcher: Batcher[Any, Any]) -> bool:
     return not (queue.open or queue.pending or dispatcher.in_flight or dispatcher.timer_on)
 
 
+def _busy(batcher: Batcher[Any, Any]) -> bool:
+    """Whether ``batcher`` holds an item or runs a batch (its timer aside)."""
+    return bool(batcher._queue.pending or batcher._dispatcher.in_flight)
+
+
 def _abandon(batcher: Batcher[Any, Any]) -> None:
     """The loop ``batcher`` served ended with items and batches left: their callers
     ended with it, and that loop will never run them. Counted as withdrawn."""
@@ -487,22 +520,124 @@ def _abandon(batcher: Batcher[Any, Any]) -> None:
 
 
 def _route_of(batcher: Batcher[Any, Any]) -> Route:
-    """Where a call made now on the running loop is served (see :func:`route`)."""
-    rt = batcher._rt
+    """Where a call made now on the running loop is served (see :func:`route`); a
+    batcher bound to a loop that is not the running one is shared from now on."""
     owner = running_owner()
-    if rt is not None and rt.owner is owner:
-        return Route.HERE
+    if batcher._serving is owner or owner is None:
+        return Route.HERE  # served here, or no loop runs (binding says so)
+    rt = batcher._rt
+    if rt is not None and not batcher._move.shared:
+        _share(batcher)
+    home_background = rt is not None and is_background(rt.owner)
     return route(
-        same_loop=False,
+        serving_here=False,
         bound=rt is not None,
         home_running=rt is not None and rt.running(),
-        home_ending=rt is not None and rt.ending,
-        idle=_idle(batcher),
-        shared=batcher._shared,
-        may_bind=owner is None
-        or threading.current_thread() is threading.main_thread()
-        or in_background_thread(),
+        home_background=home_background,
+        shared=batcher._move.shared,
+        on_background=is_background(owner),
     )
+
+
+def _share(batcher: Batcher[Any, Any]) -> None:
+    """Another loop calls ``batcher`` (or its loop ended): its work moves to the
+    background loop. Its loop's own calls stop taking the hot path now."""
+    with _binding:
+        batcher._move.shared = True
+        rt = batcher._rt
+        if rt is not None and not is_background(rt.owner):
+            batcher._loop = batcher._serving = None
+
+
+def _ask_hand_over(batcher: Batcher[Any, Any]) -> None:
+    """Have the loop ``batcher`` serves hand its work over, in that loop's thread (the
+    only one that changes its windows): at once if it runs here; from another thread,
+    once to send what waits there, then again whenever it looks idle."""
+    rt = batcher._rt
+    if rt is None:
+        return
+    if rt.owner is running_owner():
+        _hand_over(batcher, rt)
+    elif batcher._move.handing is not rt or not _busy(batcher):
+        batcher._move.handing = rt
+        with contextlib.suppress(RuntimeError):  # it ended: the next route says so
+            rt.call_soon_threadsafe(rt.spawn, _hand_over_task, batcher, rt)
+
+
+async def _hand_over_task(batcher: Batcher[Any, Any], rt: Runtime) -> None:
+    _hand_over(batcher, rt)  # in a task: what it dispatches may read the loop's clock
+
+
+def _hand_over(batcher: Batcher[Any, Any], rt: Runtime) -> None:
+    """In the thread of ``rt``'s loop: what waits there moves to the background loop
+    (or, on a loop with another clock, is sent now, reason ``move``), and once no batch
+    runs there, ``batcher`` is unbound, so that the background loop binds it."""
+    with _binding:
+        if batcher._rt is not rt:
+            return
+        batcher._loop = batcher._serving = None
+    dispatcher, queue = batcher._dispatcher, batcher._queue
+    if rt.clock is background_runtime().clock:  # a job's deadline means the same there
+        _move_waiting(batcher, rt)
+    else:
+        for held in list(queue.held.values()):
+            dispatcher.release(held)  # not held again: the batcher is not serving
+        for window in list(queue.open.values()):
+            dispatcher.dispatch(window, DispatchReason.MOVE)
+    if dispatcher.timer_scope is not None:
+        dispatcher.timer_scope.deadline = -math.inf  # nothing left to time: it ends
+    queue.wake_room()
+    with _binding:
+        if batcher._rt is rt and not _busy(batcher):
+            batcher._rt = dispatcher.rt = None  # its timer, if it still runs, stops
+            dispatcher.timer_on, dispatcher.timer_scope = False, None
+            background_runtime().call_soon_threadsafe(_wake_handed, batcher)
+
+
+def _move_waiting(batcher: Batcher[Any, Any], rt: Runtime) -> None:
+    """Submit every item not yet dispatched (open windows, held items) again, on the
+    background loop; each caller keeps waiting here for what it is answered there."""
+    queue = batcher._queue
+    windows = [*queue.open.values(), *queue.held.values()]
+    queue.open.clear()
+    queue.held.clear()
+    for window in windows:
+        for item, waiter in zip(window.items, window.waiters, strict=True):
+            scope = batcher._move.moved[waiter] = anyio.CancelScope()
+            rt.spawn(_moved, batcher, rt, item, waiter, scope)
+
+
+async def _moved(
+    batcher: Batcher[Any, Any], rt: Runtime, item: Any, waiter: Any, scope: anyio.CancelScope
+) -> None:
+    """One item moved to the background loop: its result handed to its caller here.
+    Its caller cancelled (:meth:`Batcher._on_cancel` cancels ``scope``) withdraws it."""
+    try:
+        with scope:
+            value = await forward(background_runtime(), batcher, item)
+            rt.resolve(waiter, value)
+    except Exception as exc:
+        rt.fail(waiter, exc)
+    # Cancelled as its loop ends, it stays listed: its caller, cancelled too, is not
+    # counted twice (the weak table forgets a caller that never was).
+    batcher._move.moved.pop(waiter, None)
+
+
+async def _handed_over(batcher: Batcher[Any, Any]) -> None:
+    """On the background loop: wait until ``batcher``'s loop has handed its work over
+    (:func:`_hand_over` wakes every call waiting so), at most a poll's time."""
+    move = batcher._move
+    if move.handed is None:
+        move.handed = anyio.Event()
+    with anyio.move_on_after(_HAND_OVER_POLL):
+        await move.handed.wait()
+
+
+def _wake_handed(batcher: Batcher[Any, Any]) -> None:
+    """In the background loop's thread: wake the calls waiting for the hand-over."""
+    handed, batcher._move.handed = batcher._move.handed, None
+    if handed is not None:
+        handed.set()
 
 
 async def _on_its_loop(
@@ -514,12 +649,10 @@ async def _on_its_loop(
         if where is Route.HERE:
             return await fn(*args)
         if where is Route.WAIT:
-            await anyio.sleep(_ENDING_POLL)
+            _ask_hand_over(batcher)
+            await _handed_over(batcher)
             continue
-        batcher._shared = True
-        target = batcher._rt if where is Route.HOME else background_runtime()
-        assert target is not None
         try:
-            return await forward(target, fn, *args)
+            return await forward(background_runtime(), fn, *args)
         except LoopEnded:
-            continue  # it ended under the call: served again where the next route says
+            continue  # it stopped under the call: served again where the next route says

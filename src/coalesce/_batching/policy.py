@@ -64,6 +64,9 @@ class DispatchReason(str, enum.Enum):
     #: Sent alone at once because the item reads like instructions to the model (the
     #: ``screen=`` of :mod:`coalesce._wire.screen`): it must not share a prompt.
     SCREENED = "screened"
+    #: Sent at once because the batcher's work moved to the background loop (calls
+    #: came from a second event loop): what waited on the loop it left went then.
+    MOVE = "move"
 
     def __str__(self) -> str:
         return self.value

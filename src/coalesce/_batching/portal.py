@@ -7,7 +7,7 @@ Their calls are served instead by one asyncio loop per process, run by anyio's
 :class:`~anyio.from_thread.BlockingPortal` in a daemon thread: started on first use,
 stopped at interpreter exit (its remaining tasks cancelled), started afresh in a
 forked child. A batcher bound to that loop never loses it, so the calls of every
-thread coalesce there.
+thread coalesce there; a batcher called from more than one loop moves there.
 
 :func:`call_blocking` is the synchronous entry point: it runs an async function there
 and blocks until it returns (:func:`start_blocking`: without blocking, a future).
@@ -34,6 +34,7 @@ __all__ = [
     "background_runtime",
     "call_blocking",
     "in_background_thread",
+    "is_background",
     "start_blocking",
     "stop_background",
 ]
@@ -96,6 +97,13 @@ def _background() -> _Background:
 def background_runtime() -> Runtime:
     """The runtime of the background loop (started if need be), to forward calls to."""
     return _background().runtime
+
+
+def is_background(owner: object) -> bool:
+    """Whether ``owner`` (a loop, as :func:`~coalesce._batching.runtime.running_owner`
+    names it) is the background loop."""
+    current = _current
+    return current is not None and current.loop is owner
 
 
 def in_background_thread() -> bool:

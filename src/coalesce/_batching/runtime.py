@@ -12,11 +12,11 @@ cancelled with, one of its callers.
 Time is read from the running loop's clock, the same clock ``anyio.current_time()``
 reads, so virtual clocks (trio's ``MockClock``, ``looptime``) drive every window.
 
-A batcher serves one loop at a time; a call made on another loop (another thread's,
-or the background loop that serves synchronous callers) is *forwarded*
-(:func:`forward`): it runs as a task of the batcher's loop, and its caller awaits the
-outcome on its own loop. Cancelling the caller cancels that task, which withdraws its
-item.
+A batcher serves one loop at a time; a call made on another loop is *forwarded*
+(:func:`forward`) to the background loop: it runs as a task there, and its caller
+awaits the outcome on its own loop. Cancelling the caller cancels that task, which
+withdraws its item. :func:`at_loop_end` runs clean-up as a loop ends (a provider's
+connection pool for that loop).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import functools
 import os
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, Generic, TypeVar
 
 import anyio
@@ -43,11 +43,13 @@ __all__ = [
     "LoopEnded",
     "Runtime",
     "TrioRuntime",
+    "at_loop_end",
     "carried_context",
     "current_runtime",
     "forward",
     "running_owner",
     "set_context",
+    "spawn_on",
     "spawn_task",
 ]
 
@@ -67,8 +69,6 @@ class Runtime:
     cancelled: type[BaseException]
     #: Whether a waiter is itself awaitable by the caller (asyncio's futures are).
     awaitable_waiters: bool = False
-    #: Set when the loop cancelled a call forwarded to it: it is shutting down.
-    ending: bool = False
 
     def call_soon_threadsafe(self, fn: Callable[..., object], *args: Any) -> None:
         """Run ``fn(*args)`` in the loop's thread soon; callable from any thread.
@@ -343,7 +343,69 @@ def spawn_task(fn: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None
     trio_module.lowlevel.spawn_system_task(fn, *args, context=contextvars.copy_context())
 
 
-_background_tasks: set[asyncio.Task[None]] = set()
+_background_tasks: set[asyncio.Task[Any]] = set()
+
+
+def spawn_on(owner: object, fn: Callable[[], Coroutine[Any, Any, Any]]) -> bool:
+    """Run ``fn()`` as a background task of the loop ``owner`` names (an asyncio loop,
+    or a trio token, as :func:`running_owner` gives them), from any thread.
+
+    Returns:
+        False if that loop has ended.
+    """
+    try:
+        if isinstance(owner, asyncio.AbstractEventLoop):
+            owner.call_soon_threadsafe(_spawn_asyncio, owner, fn, context=contextvars.Context())
+        else:
+            spawn = sys.modules["trio"].lowlevel.spawn_system_task
+            owner.run_sync_soon(spawn, fn)  # type: ignore[attr-defined]
+    except RuntimeError:
+        return False
+    return True
+
+
+def _spawn_asyncio(
+    loop: asyncio.AbstractEventLoop, fn: Callable[[], Coroutine[Any, Any, Any]]
+) -> None:
+    task = loop.create_task(fn())
+    _background_tasks.add(task)
+    task.add_done_callback(_background_tasks.discard)
+
+
+def at_loop_end(fn: Callable[[], Awaitable[Any]]) -> object:
+    """Arrange for ``await fn()`` as the running loop ends: on asyncio when the loop's
+    async generators are shut down (``asyncio.run`` and ``anyio.run`` do it before
+    closing the loop), on trio when its system tasks are cancelled.
+
+    Returns:
+        What to keep a reference to for as long as that should hold (asyncio keeps
+        only a weak one).
+    """
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        ending = _at_end(fn)
+        step: Any = ending.__anext__()  # the loop's first-iteration hook adopts it now
+        with contextlib.suppress(StopIteration):
+            step.send(None)
+        return ending
+    trio_module: Any = sys.modules["trio"]
+    trio_module.lowlevel.spawn_system_task(_at_trio_end, fn)
+    return fn
+
+
+async def _at_end(fn: Callable[[], Awaitable[Any]]) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        await fn()
+
+
+async def _at_trio_end(fn: Callable[[], Awaitable[Any]]) -> None:
+    try:
+        await anyio.sleep_forever()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await fn()
 
 
 def running_owner() -> object | None:
@@ -429,7 +491,6 @@ async def _serve(
         call.error = exc
     except BaseException as exc:  # the loop is cancelling its tasks: it is ending
         call.error = exc
-        target.ending = True
         raise
     finally:
         with contextlib.suppress(RuntimeError):  # the caller's loop has ended
@@ -452,7 +513,6 @@ async def forward(target: Runtime, fn: Callable[..., Awaitable[Any]], *args: Any
             target.spawn, _serve, target, call, fn, args, functools.partial(wake, finished.set)
         )
     except RuntimeError as exc:
-        target.ending = True
         raise LoopEnded(str(exc)) from exc
     try:
         await finished.wait()

@@ -77,6 +77,8 @@ async def run_timer(dispatcher: Timed) -> None:
                 with anyio.CancelScope(deadline=wake) as scope:
                     dispatcher.timer_scope = scope
                     await anyio.sleep_forever()
+                if dispatcher.rt is not rt:
+                    return  # the batcher left this loop meanwhile: its windows are not ours
                 dispatcher.timer_scope = None
                 if scope.deadline == wake:  # woken for the time it chose
                     lag.observe(rt.clock() - wake)
@@ -92,5 +94,6 @@ async def run_timer(dispatcher: Timed) -> None:
             else:
                 dispatcher.dispatch(window, window.due_reason)
     finally:
-        dispatcher.timer_on = False
-        dispatcher.timer_scope = None
+        if dispatcher.rt is rt:
+            dispatcher.timer_on = False
+            dispatcher.timer_scope = None

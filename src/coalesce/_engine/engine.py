@@ -100,8 +100,10 @@ class Engine:
         deadline = now + (budget if budget is not None else math.inf)
         try:
             key, size = encode_item(item)
+            # A call without a budget has no deadline to plan for: the admission's
+            # cheap plan (its UTF-8 size bounds its tokens) is enough.
             plan = None
-            if self.planning is not None:
+            if budget is not None:
                 plan = self.planning.plan_item(item, partition, deadline, now)
             plan = self.admission.admit(item, size, plan, deadline=deadline, arrival=now)
         except InvalidInputError:
@@ -178,7 +180,7 @@ class Engine:
         await self.parts.runner(jobs, resolve)
 
     def __repr__(self) -> str:
-        limit = self.parts.max_items if self.planning is None else self.planning.limits.max_items
+        limit = self.planning.limits.max_items
         if self.shadow is not None:
             limit = min(limit, self.shadow.cap)
         early = self.options.stream and self.trust.enforced

@@ -545,12 +545,13 @@ def _writing_order(group: Group, jobs: list[Job], slots: list[list[int]]) -> lis
 
     Short answers first, so that with streaming the split hands them back before the
     model writes the long ones; when planning, as far as deadlines allow (see
-    :func:`~coalesce._planning.planner.streaming_order`). Without a planner, short
-    inputs first: their answers are usually short too.
+    :func:`~coalesce._planning.planner.streaming_order`). Without a planner, or without
+    a budget, short inputs first: their answers are usually short too.
     """
     planning = group.planning
     plans = [jobs[slot[0]].plan for slot in slots]
-    if planning is None or any(plan is None for plan in plans):
+    unplanned = any(plan is None for plan in plans) or all(math.isinf(j.deadline) for j in jobs)
+    if planning is None or unplanned:
         return sorted(slots, key=lambda slot: len(jobs[slot[0]].key))
     items = [
         dataclasses.replace(plan, deadline=min(jobs[index].deadline for index in slot))

@@ -31,7 +31,14 @@ from .._accuracy.trust import SchemaTrust, declared_enforcement
 from .._accuracy.vote import VoteCosts
 from .._accuracy.voting import Voting
 from .._calls import GroupObserver, Job, Observers, Runner
-from .._defaults import LEARNED_CAP_CEILING, PROMPT_MAX_ITEMS, cap_given, shadow_given
+from .._defaults import (
+    BUDGET_WAIT_SHARE,
+    LEARNED_CAP_CEILING,
+    PROMPT_MAX_ITEMS,
+    WindowDefault,
+    cap_given,
+    shadow_given,
+)
 from .._exceptions import CoalesceWarning
 from .._observe.dispatch import DispatchListener, request_predictor
 from .._observe.listeners import StatisticsListener
@@ -72,7 +79,7 @@ class Parts:
     footprint: Footprint
     recorder: PromptRecorder
     trust: SchemaTrust
-    planning: Planning | None
+    planning: Planning
     admission: Admission
     cost: PackingCost
     shadow: ShadowGuard | None
@@ -85,9 +92,9 @@ class Parts:
 
     def in_time(self, job: Job, left: float) -> bool:
         """Whether real time may still answer ``job`` with ``left`` seconds (as the
-        planner predicts a request of it alone, when it plans)."""
+        planner predicts a request of it alone)."""
         planning = self.planning
-        if left <= 0 or planning is None or not math.isfinite(left):
+        if left <= 0 or not math.isfinite(left):
             return left > 0
         plan = planning.plan_item(job.item, job.partition, job.deadline, anyio.current_time())
         return request_predictor(planning)([plan]) <= left
@@ -148,8 +155,7 @@ def assemble(
     statistics = StatisticsListener(recorder, pinned, learn_cache, unpinned, lane, dispatch)
     positions = Positions()
     plain = PlainListener(recorder.part(PlainCounts, PlainCounts), dispatch, paying)
-    listeners: list[GroupObserver] = [statistics, plain, trust, admission.window]
-    listeners += [planning] if planning is not None else []
+    listeners: list[GroupObserver] = [statistics, plain, trust, admission.window, planning]
     listeners += [vote_costs] if options.vote else []
     listeners += [positions] if shadow is not None else []
     group = Group(
@@ -157,8 +163,7 @@ def assemble(
         output_cap=admission.request_cap,
     )  # fmt: skip
     cap = None if shadow is None else (lambda: shadow.cap)
-    budget = None if planning is None else BudgetPolicy(planning)
-    policy = ContextPolicy(admission, budget, cap)
+    policy = ContextPolicy(admission, BudgetPolicy(planning), cap)
     parts = Parts(
         estimator, pinned, recorder, trust, planning, admission, cost, shadow,
         partial(run_group, group), policy, statistics, dispatch, options.max_items,
@@ -347,8 +352,14 @@ def _planning(
     estimator: TokenEstimator,
     early_answers: bool,
     paying: Callable[[], float],
-) -> Planning | None:
-    """A budget planner for the function, if it declared a latency budget.
+) -> Planning:
+    """The function's budget planner. Every function has one, budget or not: each call's
+    own budget sizes its wait and its group, however it was given (a call without one
+    waits ``max_wait``, the default short window, unplanned).
+
+    ``max_wait`` left at its default, a call with a budget waits for company up to a
+    quarter of it (:data:`~coalesce._defaults.BUDGET_WAIT_SHARE`), and never less than
+    the default window; a ``max_wait`` given is every call's wait.
 
     ``early_answers``: streamed answers are handed over as each completes (the provider
     is trusted to enforce the schema); otherwise every caller waits for the whole reply.
@@ -356,11 +367,11 @@ def _planning(
     a cold start holds nothing, and a cold start probes unless the prior admits a group
     that large.
     """
-    if options.latency_budget is None:
-        return None
+    default = isinstance(options.max_wait, WindowDefault)
     limits = PlanLimits(
         max_items=options.max_items,
-        max_wait=options.window,
+        max_wait=float(options.max_wait),
+        budget_share=BUDGET_WAIT_SHARE if default else None,
         shared_tokens=pinned.shared,
         max_output_tokens=_output_limit(spec.model, options.max_output_tokens),
         per_item_overhead_tokens=pinned.item_frame,

@@ -9,8 +9,9 @@ window per partition and asks these functions, with explicit state and ``now``:
   exceeds its budget)?
 * :func:`full_after_add`: after it joined, is the window full (items or tokens)?
 * :func:`due_at`: the latest time the window may wait so that every member still meets
-  its deadline (and no item waits longer than ``max_wait``); the timer sleeps until it.
-  :func:`due` also says which of the two it is (``WINDOW`` or ``DEADLINE``).
+  its deadline (and no item waits longer than its wait for company, :func:`wait_of`);
+  the timer sleeps until it. :func:`due` also says which of the two it is (``WINDOW``
+  or ``DEADLINE``).
 * :func:`streaming_order`: short expected answers first, so the streaming split hands
   them back early.
 * :func:`cold_start`: before any reply was measured, when the prior admits no group that
@@ -64,6 +65,7 @@ __all__ = [
     "latest_start",
     "pack_more",
     "streaming_order",
+    "wait_of",
 ]
 
 Predict = Callable[[int, int], float]
@@ -105,7 +107,8 @@ class PlanLimits:
 
     Attributes:
         max_items: Most items in one request.
-        max_wait: Longest an item waits in an open window, in seconds.
+        max_wait: Longest an item waits in an open window, in seconds (with
+            ``budget_share``: an item without a budget; see :func:`wait_of`).
         shared_tokens: Input tokens paid once per request: instructions and the
             reply-format description.
         context_window: The model's context (input plus output tokens), or ``None``.
@@ -121,6 +124,9 @@ class PlanLimits:
             finish is then predicted from the outputs written up to and including its
             own, in the order :func:`streaming_order` gives. Without streaming every
             member waits for the whole reply.
+        budget_share: The share of its own budget an item with one may wait in an open
+            window, when longer than ``max_wait`` (``None``: every item waits at most
+            ``max_wait``, as when ``max_wait`` was given).
 
     Raises:
         ConfigurationError: If a limit is out of range.
@@ -134,12 +140,16 @@ class PlanLimits:
     per_item_overhead_tokens: int = 20
     streaming: bool = False
     per_item_output_overhead_tokens: int = 3
+    budget_share: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_items < 1:
             raise ConfigurationError(f"max_items must be >= 1, got {self.max_items!r}")
         if not self.max_wait >= 0:  # also rejects NaN
             raise ConfigurationError(f"max_wait must be >= 0 seconds, got {self.max_wait!r}")
+        share = self.budget_share
+        if share is not None and not 0 <= share <= 1:
+            raise ConfigurationError(f"budget_share must be from 0 to 1 or None, got {share!r}")
         for name in (
             "shared_tokens",
             "per_item_overhead_tokens",
@@ -263,7 +273,8 @@ def admit(
         predict: Predicted duration of one request.
         now: The current time (same clock as deadlines).
     """
-    if now + _finish((new,), limits, predict) > new.deadline:
+    late = math.isfinite(new.deadline) and now + _finish((new,), limits, predict) > new.deadline
+    if late:
         return Admission(None, solo=True)
     if not window:
         return Admission(None, solo=False)
@@ -295,13 +306,31 @@ def full_after_add(window: Sequence[PlanItem], limits: PlanLimits) -> DispatchRe
     return None
 
 
+def wait_of(item: PlanItem, limits: PlanLimits) -> float:
+    """Return the longest ``item`` waits in an open window for company, in seconds.
+
+    Each call's own budget sizes its wait, however it was given: with a
+    ``budget_share``, an item with a deadline waits up to that share of its budget
+    (``deadline - arrival``), never less than ``max_wait``; an item without one, or
+    every item when ``max_wait`` was given (no share), waits ``max_wait``.
+
+    Args:
+        item: A member of the window.
+        limits: The group limits.
+    """
+    share = limits.budget_share
+    if share is None or math.isinf(item.deadline):
+        return limits.max_wait
+    return max(limits.max_wait, share * (item.deadline - item.arrival))
+
+
 def due(window: Sequence[PlanItem], limits: PlanLimits, predict: Predict) -> Due:
     """Return the latest time the window may be dispatched, and why then.
 
-    ``min(opened + max_wait, latest_start(group))``, where ``opened`` is the earliest
-    arrival: later, either an item would have waited longer than ``max_wait`` or some
-    member would be predicted to be answered after its deadline (see
-    :func:`latest_start`). An empty window is never due (``math.inf``).
+    ``min(arrival + wait, latest_start(group))`` over its members, where ``wait`` is each
+    member's wait for company (:func:`wait_of`): later, either an item would have waited
+    longer than that or some member would be predicted to be answered after its
+    deadline (see :func:`latest_start`). An empty window is never due (``math.inf``).
 
     Args:
         window: The items in the window.
@@ -310,7 +339,7 @@ def due(window: Sequence[PlanItem], limits: PlanLimits, predict: Predict) -> Due
     """
     if not window:
         return Due(math.inf, DispatchReason.WINDOW)
-    waited = min(item.arrival for item in window) + limits.max_wait
+    waited = min(item.arrival + wait_of(item, limits) for item in window)
     latest = latest_start(window, limits, predict)
     if waited <= latest:
         return Due(waited, DispatchReason.WINDOW)

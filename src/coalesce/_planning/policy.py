@@ -6,10 +6,16 @@ functions (:func:`~coalesce._planning.planner.cold_start`,
 :func:`~coalesce._planning.planner.full_after_add`, :func:`~coalesce._planning.planner.due`,
 :func:`~coalesce._planning.planner.can_pay`) over the calls' plans and what
 :class:`~coalesce._planning.state.Planning` knows now.
+
+Every engine has one: each call's own budget (its function's, a
+``coalesce.latency_budget()`` block's, a per-call one, a drop-in call's
+``x-coalesce-budget``) sizes its wait and its group. A window in which no call has a
+budget is the batcher's own: it waits the default short window, ``max_wait``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from .._batching.policy import DispatchReason, Due, Hold
@@ -17,7 +23,7 @@ from .planner import PlanItem, admit, can_pay, cold_start, due, full_after_add
 from .reports import Planned
 from .state import Planning
 
-__all__ = ["BudgetPolicy"]
+__all__ = ["BudgetPolicy", "unbudgeted"]
 
 
 class BudgetPolicy:
@@ -39,9 +45,11 @@ class BudgetPolicy:
         """While the function is cold, ``PROBE`` or a :class:`Hold` where
         :func:`~coalesce._planning.planner.cold_start` says so; ``SOLO`` if ``item`` is
         predicted late even alone; else dispatch the window first if the item would make
-        it full, too large or late."""
+        it full, too large or late. Nothing where no call has a budget."""
         planning = self.planning
         plan = self._plan(item)
+        if math.isinf(plan.deadline) and unbudgeted(members):
+            return None
         if planning.cold:
             cold = cold_start(
                 plan,
@@ -60,10 +68,13 @@ class BudgetPolicy:
         admission = admit(self._plans(members), plan, planning.limits, planning.predict, now)
         return DispatchReason.SOLO if admission.solo else admission.dispatch_first
 
-    def after_add(self, members: Sequence[Planned], now: float) -> Due:
+    def after_add(self, members: Sequence[Planned], now: float) -> Due | None:
         """At once if full, or if the window can no longer grow to a group that pays for
         its packing on time (it goes as plain calls: waiting would only make them
-        later); else the latest time that keeps every member on time."""
+        later); else the latest time that keeps every member on time. ``None`` (the
+        batcher's own ``max_wait``) where no member has a budget."""
+        if unbudgeted(members):
+            return None
         planning = self.planning
         plans = self._plans(members)
         reason = full_after_add(plans, planning.limits)
@@ -86,3 +97,12 @@ class BudgetPolicy:
 
     def __repr__(self) -> str:
         return f"BudgetPolicy({self.planning!r})"
+
+
+def unbudgeted(jobs: Sequence[Planned]) -> bool:
+    """Whether no call of ``jobs`` has a budget (a deadline) to plan for."""
+    for job in jobs:
+        plan = job.plan
+        if plan is not None and math.isfinite(plan.deadline):
+            return False
+    return True

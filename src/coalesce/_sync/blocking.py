@@ -2,8 +2,8 @@
 async iterators read from a synchronous ``for`` loop.
 
 Every call runs on the process's background event loop
-(:mod:`~coalesce._batching.portal`), so the calls of every thread coalesce there (or,
-when the function's batcher serves another running loop, are forwarded to it).
+(:mod:`~coalesce._batching.portal`), so the calls of every thread coalesce there; a
+function whose work lived on another loop moves there with its first blocking call.
 """
 
 from __future__ import annotations

@@ -18,10 +18,10 @@ import uuid
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
-from .stream import CoalescedStream
+from .stream import Events
 from .translator import Answer
 
-__all__ = ["ResponseEvents", "responses_events", "responses_response"]
+__all__ = ["responses_events", "responses_response"]
 
 #: Request fields the API echoes in its ``Response``, as the caller gave them.
 _ECHOED = (
@@ -124,21 +124,6 @@ def responses_response(answer: Answer, given: Mapping[str, Any]) -> Any:
     return Response.model_validate(_response(answer, given, head))
 
 
-class ResponseEvents(CoalescedStream[Any]):
-    """A coalesced ``responses.create(stream=True)``: the SDK's ``ResponseStreamEvent``
-    objects of the caller's own answer.
-
-    Like the SDK's ``AsyncStream``, it has a :attr:`response` that the SDK's
-    ``responses.stream(...)`` helper closes when it is done.
-    """
-
-    @property
-    def response(self) -> ResponseEvents:
-        """What the SDK's stream helpers close (``await stream.response.aclose()``):
-        the stream itself, since a coalesced stream has no HTTP response of its own."""
-        return self
-
-
 @functools.cache
 def _event_adapter() -> Any:
     import pydantic
@@ -147,7 +132,7 @@ def _event_adapter() -> Any:
     return pydantic.TypeAdapter(ResponseStreamEvent)
 
 
-def responses_events(answer: Answer, given: Mapping[str, Any]) -> ResponseEvents:
+def responses_events(answer: Answer, given: Mapping[str, Any]) -> Events:
     """The events of one answered item, as soon as its output is complete.
 
     The packed reply is still being written: the response's time is now and its model
@@ -158,7 +143,7 @@ def responses_events(answer: Answer, given: Mapping[str, Any]) -> ResponseEvents
         answer: The item's answer and usage share.
         given: The caller's ``responses.create`` arguments (echoed in the response).
     """
-    return ResponseEvents(_events(answer, given))
+    return _events(answer, given)
 
 
 def _added(item: Mapping[str, Any]) -> dict[str, Any]:

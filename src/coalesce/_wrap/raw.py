@@ -1,4 +1,5 @@
-"""Raw responses of coalesced calls, built the SDK's way; a caller's own time limit.
+"""Raw responses of coalesced calls, and their streams, built the SDK's way; a caller's
+own time limit.
 
 ``client.chat.completions.with_raw_response.create(...)`` (and
 ``with_streaming_response``, on the client or on the resource) is the SDK's wrapper
@@ -8,6 +9,13 @@ object (:func:`raw_response`): the SDK's own ``LegacyAPIResponse`` / ``AsyncAPIR
 around a synthetic ``httpx2`` response whose body is the reply's JSON (a streamed
 call's body is its server-sent events), so ``.parse()``, ``.headers``, ``.json()``,
 ``.iter_lines()`` and ``http_response`` behave as the SDK's.
+
+A streamed call that did not ask for the raw response gets what the SDK itself makes of
+such a response: its ``.parse()``, the SDK's own ``AsyncStream`` of the event type
+(``openai.AsyncStream[ChatCompletionChunk]``, ``anthropic.AsyncStream[RawMessageStreamEvent]``...),
+whose ``response`` is that synthetic response. Every attribute of the stream is then
+the SDK's, and the SDK's stream helpers (``chat.completions.stream``,
+``responses.stream``) take it as they take their own.
 
 A call's ``timeout=`` (else its client's ``timeout``) is that caller's own limit
 (:func:`call_limit`; its translator reads ``timeout=`` into the call); past it the caller gets the SDK's own ``APITimeoutError``
@@ -22,8 +30,10 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
 
+from ..providers import _sdk_anthropic, _sdk_openai
 from ..providers._sdk import timeout_seconds
 from .registry import Endpoint
+from .stream import Events
 
 __all__ = ["RAW_HEADER", "call_limit", "raw_mode", "raw_response", "timeout_error"]
 
@@ -88,17 +98,17 @@ def _json_body(reply: Any) -> bytes:
     return str(reply.to_json(indent=None, warnings=False)).encode()
 
 
-async def _events(stream: Any) -> AsyncGenerator[bytes, None]:
-    """``stream``'s events as server-sent events. No ``[DONE]`` line at the end: the
-    SDK's stream stops at the end of the body all the same, and, reading to the end,
-    leaves no generator of its own unfinished."""
+async def _events(events: Events) -> AsyncGenerator[bytes, None]:
+    """``events`` as server-sent events. No ``[DONE]`` line at the end: the SDK's
+    stream stops at the end of the body all the same, and, reading to the end, leaves
+    no generator of its own unfinished."""
     try:
-        async for event in stream:
+        async for event in events:
             kind = getattr(event, "type", None)
             head = f"event: {kind}\n" if isinstance(kind, str) else ""
             yield f"{head}data: {event.to_json(indent=None, warnings=False)}\n\n".encode()
     finally:
-        await stream.close()
+        await events.aclose()
 
 
 def _response(request: Any, reply: Any, stream: bool, headers: dict[str, str]) -> Any:
@@ -143,7 +153,7 @@ def _headers(
 def raw_response(
     client: Any,
     sdk: str,
-    mode: str,
+    mode: str | None,
     reply: Any,
     endpoint: Endpoint,
     *,
@@ -158,9 +168,11 @@ def raw_response(
     Args:
         client: The wrapped client (the response's ``parse()`` goes through it).
         sdk: ``"openai"`` or ``"anthropic"``.
-        mode: The raw-response header's value (see :data:`RAW_HEADER`).
-        reply: What the call returns without ``with_raw_response``: the SDK's object,
-            or a stream of its events.
+        mode: The raw-response header's value (see :data:`RAW_HEADER`); ``None`` for a
+            call that asked for no raw response: the ``AsyncAPIResponse`` the SDK
+            itself parses a reply from (for a stream, its ``AsyncStream``).
+        reply: The SDK's object the call returns without ``with_raw_response``, or
+            the :data:`~coalesce._wrap.stream.Events` of a streamed call.
         stream: The call asked for a stream (``stream=True``).
         endpoint: Where the method posts, and its stream's event type.
         parsed: A ``parse()`` method: ``.parse()`` gives ``reply`` itself, as the SDK's
@@ -172,21 +184,22 @@ def raw_response(
     import httpx2
 
     module = importlib.import_module(sdk)
-    request = httpx2.Request("POST", _url(client, endpoint), headers={RAW_HEADER: mode})
+    sent = {} if mode is None else {RAW_HEADER: mode}
+    request = httpx2.Request("POST", _url(client, endpoint), headers=sent)
     headers = _headers(sdk, None if stream else getattr(reply, "id", None), reply_id, group_size)
     response = _response(request, reply, stream, headers)
     response.elapsed = datetime.timedelta(seconds=waited)
     events = _type(endpoint.events)
-    options = importlib.import_module(f"{sdk}._models").FinalRequestOptions.construct(
+    internals = _sdk_openai if sdk == "openai" else _sdk_anthropic
+    options = internals.FinalRequestOptions.construct(
         method="post",
         url=endpoint.url,
-        headers={RAW_HEADER: mode},
+        headers=sent,
         post_parser=(lambda _: reply) if parsed else module.NOT_GIVEN,
     )
     # openai's with_raw_response gives its LegacyAPIResponse; the rest AsyncAPIResponse.
     legacy = mode == "true"
-    home = importlib.import_module(f"{sdk}._legacy_response" if legacy else f"{sdk}._response")
-    kind = home.LegacyAPIResponse if legacy else home.AsyncAPIResponse
+    kind = internals.LegacyAPIResponse if legacy else internals.AsyncAPIResponse
     return kind(
         raw=response,
         cast_to=events if stream else type(reply),

@@ -1,9 +1,9 @@
 """The SDK objects a coalesced call returns: its own answer and its usage share.
 
 A non-streamed caller gets a genuine ``ChatCompletion`` / ``Message`` (``BetaMessage``
-for ``beta.messages.create``) once its group's reply is complete; a streamed one a
-:class:`~coalesce._wrap.stream.CoalescedStream` of the SDK's own chunks as soon as its
-answer is, its usage share with the last event. A call that forced a tool gets a tool
+for ``beta.messages.create``) once its group's reply is complete; a streamed one the
+SDK's own chunks as soon as its answer is (:data:`~coalesce._wrap.stream.Events`, which
+the client serves as the SDK's own stream), its usage share with the last event. A call that forced a tool gets a tool
 call of its own: its own id (``call_...``, ``toolu_...``), the tool's name, its own
 answer as the arguments. The SDKs are imported only here, when a response is built.
 """
@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .._observe.listeners import UsageShare
-from .stream import CoalescedStream, anthropic_events, openai_chunks
+from .stream import Events, anthropic_events, openai_chunks
 from .translator import Answer
 
 __all__ = ["anthropic_response", "anthropic_stream", "openai_response", "openai_stream"]
@@ -125,7 +125,7 @@ def _share(answer: Answer) -> Callable[[], Awaitable[tuple[int, int]]]:
     return share
 
 
-def openai_stream(answer: Answer) -> CoalescedStream[Any]:
+def openai_stream(answer: Answer) -> Events:
     """The chunks of one answered item, as soon as its output is complete.
 
     The packed reply is still being written, so the chunks carry coalesce's own id
@@ -137,16 +137,15 @@ def openai_stream(answer: Answer) -> CoalescedStream[Any]:
         "model": answer.call.model,
     }
     message, finish = _openai_message(answer)
-    chunks = openai_chunks(
+    return openai_chunks(
         message, finish, reply, include_usage=answer.call.include_usage, usage=_share(answer)
     )
-    return CoalescedStream(chunks)
 
 
-def anthropic_stream(answer: Answer, *, beta: bool = False) -> CoalescedStream[Any]:
+def anthropic_stream(answer: Answer, *, beta: bool = False) -> Events:
     """The events of one answered item, as soon as its output is complete
     (``BetaRawMessageStreamEvent`` objects with ``beta``)."""
     base = f"msg_coalesce_{uuid.uuid4().hex}"
     message = {"id": base, "model": answer.call.model, "stop_reason": _stop_reason(answer)}
     block = _anthropic_block(answer)
-    return CoalescedStream(anthropic_events(block, message, usage=_share(answer), beta=beta))
+    return anthropic_events(block, message, usage=_share(answer), beta=beta)

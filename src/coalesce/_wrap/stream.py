@@ -1,61 +1,71 @@
 """What a streamed coalesced call (``stream=True``) returns: the SDK's own chunk objects
-for one item, in place of the SDK's ``AsyncStream``.
+for one item, served as the SDK's own stream.
 
 The packed request is streamed and split as it arrives, so a caller's stream opens as
 soon as its own item's output is complete, while the model is still writing the other
 items. Its usage share is known only when the whole reply (re-asks included) is done:
 it comes with the stream's last event.
+
+A translator answers a streamed call with :data:`Events`, an async generator of the
+SDK's event objects (:func:`openai_chunks`, :func:`anthropic_events`); the client then
+serves them as the SDK's own ``AsyncStream`` over a synthetic response, built the way
+the SDK builds a stream from a response (:func:`~coalesce._wrap.raw.raw_response`),
+so every attribute of the stream is the SDK's (``response`` and its headers,
+``close()``, ``async with``, what the SDK's stream helpers read). A synchronous client
+gets the SDK's own ``Stream`` over the same events (:func:`blocking_stream`).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
-from types import TracebackType
-from typing import Any, Generic, TypeVar
+import sys
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping
+from typing import Any
 
-__all__ = ["CoalescedStream", "anthropic_events", "openai_chunks"]
+from .._sync.blocking import iterate_blocking
 
-T = TypeVar("T")
+__all__ = ["Events", "anthropic_events", "blocking_stream", "openai_chunks"]
+
+Events = AsyncGenerator[Any, None]
+"""The SDK's event objects of one streamed answer, in order."""
 
 Usage = Callable[[], Awaitable[tuple[int, int]]]
 """Waits until the group is done; returns the item's ``(input, output)`` token share."""
 
 
-class CoalescedStream(Generic[T]):
-    """Stands in for the SDK's ``AsyncStream``: ``async for``, ``async with``, ``close()``.
+def blocking_stream(client: Any, stream: Any) -> Any:
+    """The SDK's own synchronous ``Stream`` of the async ``stream`` (the SDK's
+    ``AsyncStream`` a coalesced call of the async twin returned), for ``client``, the
+    synchronous client that was called.
 
-    Iterating yields the SDK's own event objects (``ChatCompletionChunk`` for OpenAI,
-    ``RawMessageStreamEvent`` for Anthropic) for the caller's item.
+    Its ``response`` is a synchronous copy of the async stream's: the same status,
+    headers and request, its body the same server-sent events, read on the background
+    loop as they come. Closing it (or leaving ``with``) stops that reading.
+
+    Args:
+        client: The wrapped ``openai.OpenAI`` / ``anthropic.Anthropic``.
+        stream: An ``openai.AsyncStream`` / ``anthropic.AsyncStream``.
     """
+    import httpx2
 
-    def __init__(self, events: AsyncGenerator[T, None]) -> None:
-        self._events = events
+    source = stream.response
 
-    def __aiter__(self) -> CoalescedStream[T]:
-        return self
+    class Body(httpx2.SyncByteStream):
+        def __init__(self) -> None:
+            self.chunks = iterate_blocking(source.aiter_raw(), close=source.aclose)
 
-    async def __anext__(self) -> T:
-        return await self._events.__anext__()
+        def __iter__(self) -> Iterator[bytes]:
+            return self.chunks
 
-    async def __aenter__(self) -> CoalescedStream[T]:
-        return self
+        def close(self) -> None:
+            getattr(self.chunks, "close", lambda: None)()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        """Stop the stream (the coalesced request itself carries on for the others)."""
-        await self._events.aclose()
-
-    aclose = close
-
-    def __repr__(self) -> str:
-        return "<coalesced stream>"
+    response = httpx2.Response(
+        source.status_code, headers=source.headers, stream=Body(), request=source.request
+    )
+    response.elapsed = source.elapsed
+    sdk = sys.modules[type(stream).__module__.partition(".")[0]]
+    cast_to = stream._cast_to  # the event type the SDK gave the async stream
+    return sdk.Stream[cast_to](cast_to=cast_to, response=response, client=client)
 
 
 async def openai_chunks(

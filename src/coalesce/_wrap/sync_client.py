@@ -9,10 +9,11 @@ is the SDK's. Its coalescing methods (those of
 client built from the same settings (:func:`async_twin`: API key, base URL, timeout,
 retries, default headers and query...) and wrapped by ``coalesce.wrap``, on the
 process's background event loop (:mod:`~coalesce._batching.portal`), and block until
-its answer: the calls of every thread coalesce there. A streamed call returns a
-:class:`BlockingStream` of the SDK's own chunks. What its translator declines, a call
-with ``x-coalesce: off`` and the raw-response forms (``with_raw_response``,
-``with_streaming_response``) go to the synchronous client itself, untouched.
+its answer: the calls of every thread coalesce there. A streamed call returns the SDK's
+own ``Stream`` (:func:`~coalesce._wrap.stream.blocking_stream`). What its translator
+declines, a call with ``x-coalesce: off`` and the raw-response forms
+(``with_raw_response``, ``with_streaming_response``) go to the synchronous client
+itself, untouched.
 """
 
 from __future__ import annotations
@@ -20,23 +21,21 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-from collections.abc import Awaitable, Callable, Iterator
-from types import TracebackType
-from typing import Any, Generic, TypeVar, cast
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
 from .._batching.portal import call_blocking
 from .._observe.recorder import PromptStatistics
-from .._sync.blocking import iterate_blocking
 from .call import given_arguments
 from .headers import coalesce_headers
 from .proxy import Replace, coalesced_copy, replace_methods
 from .raw import raw_mode
 from .registry import TRANSLATORS
+from .stream import blocking_stream
 from .translator import Translator
 
-__all__ = ["BlockingStream", "SyncCoalescedClient", "async_twin", "sync_coalesced"]
+__all__ = ["SyncCoalescedClient", "async_twin", "sync_coalesced"]
 
-T = TypeVar("T")
 Send = Callable[..., Any]
 
 #: ``module:Name`` of each SDK's synchronous client and of its async counterpart.
@@ -79,42 +78,6 @@ def async_twin(client: Any) -> Any | None:
     return twin_class(**settings)
 
 
-class BlockingStream(Generic[T]):
-    """Stands in for the SDK's ``Stream``: ``for``, ``with``, ``close()``; the SDK's
-    own events (``ChatCompletionChunk``, ``RawMessageStreamEvent``...), each handed
-    over as soon as the background loop has it."""
-
-    def __init__(self, stream: Any) -> None:
-        self._stream = stream
-        self._events: Iterator[T] = iterate_blocking(stream, close=getattr(stream, "close", None))
-
-    def __iter__(self) -> Iterator[T]:
-        return self
-
-    def __next__(self) -> T:
-        return next(self._events)
-
-    def __enter__(self) -> BlockingStream[T]:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Stop reading (the coalesced request carries on for the others)."""
-        close = getattr(self._events, "close", None)
-        if close is not None:
-            close()
-
-    def __repr__(self) -> str:
-        return f"<blocking {self._stream!r}>"
-
-
 class SyncCoalescedClient:
     """What ``coalesce.wrap`` returns for ``openai.OpenAI`` / ``anthropic.Anthropic``:
     the client, whose coalescing methods block on its async twin (see the module doc).
@@ -153,7 +116,7 @@ class SyncCoalescedClient:
             getattr, path.split("."), self._coalesce_twin
         )
         reply = call_blocking(method, **kwargs)
-        return BlockingStream(reply) if hasattr(reply, "__aiter__") else reply
+        return blocking_stream(self, reply) if hasattr(reply, "__aiter__") else reply
 
     def statistics(self) -> dict[str, PromptStatistics]:
         """Immutable snapshots of the coalesced calls, one per model (see

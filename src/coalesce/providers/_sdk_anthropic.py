@@ -41,7 +41,7 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
     # (``_wrap/sync_client.py``).
     "AsyncAnthropic": ("_client", "_custom_headers", "_custom_query"),
     # Its event type and request options, for a blocking twin (``_wrap/stream.py``).
-    "AsyncStream": ("_cast_to", "_options"),
+    "AsyncStream": ("_cast_to",),
 }
 
 
