@@ -81,7 +81,8 @@ async def prompt_groups(configured: float | None, block: float | None) -> list[t
     given by a ``latency_budget(block)`` around each call."""
     sim = provider()
 
-    async def tagged(text: str) -> Tag: ...
+    async def tagged(text: str) -> Tag:  # type: ignore[empty-body]
+        ...
 
     tagged.__doc__ = INSTRUCTIONS  # long enough for packing to pay
     tag = coalesce.prompt(
@@ -130,24 +131,27 @@ async def engine_groups(configured: float | None, own: float | None) -> list[tup
 async def wrap_groups(configured: float | None, header: float | None) -> list[tuple[float, int]]:
     """A wrapped client's requests, its budget ``configured``, or each call's header."""
     sim = provider()
-    extra = {} if header is None else {"extra_headers": {"x-coalesce-budget": f"{header:g}"}}
+    extra: dict[str, Any] = {}
+    if header is not None:
+        extra["extra_headers"] = {"x-coalesce-budget": f"{header:g}"}
     async with coalesce.wrap(
         sim.openai_client(max_retries=0), latency_budget=configured, max_items=8
     ) as client:
 
         async def call(n: int) -> Any:
-            return await client.chat.completions.create(
-                model="gpt-4o-mini",
-                messages=[
+            body: dict[str, Any] = {
+                "model": "gpt-4o-mini",
+                "messages": [
                     {"role": "system", "content": INSTRUCTIONS},
                     {"role": "user", "content": ticket(n)},
                 ],
-                response_format={
+                "response_format": {
                     "type": "json_schema",
                     "json_schema": {"name": "tag", "schema": SCHEMA, "strict": True},
                 },
                 **extra,
-            )
+            }
+            return await client.chat.completions.create(**body)
 
         origin = anyio.current_time()
         latencies = await arrive(call)

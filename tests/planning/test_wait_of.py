@@ -15,11 +15,11 @@ import pytest
 from coalesce._batching.policy import DispatchReason, Due
 from coalesce._exceptions import ConfigurationError
 from coalesce._planning.latency import LatencyPrior
-from coalesce._planning.planner import PlanItem, PlanLimits, due, pack_more, wait_of
+from coalesce._planning.planner import Pace, PlanItem, PlanLimits, due, pack_more, wait_of
 from coalesce._planning.policy import BudgetPolicy, unbudgeted
-from coalesce._planning.tokens import CharacterEstimator
 from coalesce._planning.state import Planning
-from coalesce.providers import Pace, Quota, RateLimitState
+from coalesce._planning.tokens import CharacterEstimator
+from coalesce.providers._ratelimit import Quota, RateLimitState
 
 LIMITS = PlanLimits(max_items=8, max_wait=0.05, budget_share=0.25)
 NO_SHARE = replace(LIMITS, budget_share=None)  # a max_wait given: every call's wait
@@ -55,9 +55,9 @@ def test_a_given_max_wait_is_every_calls_wait() -> None:
 
 def test_a_window_is_due_when_its_first_members_wait_ends() -> None:
     assert due([item(0.0), item(0.3)], LIMITS, fast) == Due(0.5, DispatchReason.WINDOW)
-    # A later member with a tighter budget ends the wait sooner: 0.3 + 0.25.
-    window = [item(0.0), item(0.3, budget=1.0)]
-    assert due(window, LIMITS, fast) == Due(0.55, DispatchReason.WINDOW)
+    # A later member with a tighter budget ends the wait sooner: 0.2 + 0.25.
+    window = [item(0.0), item(0.2, budget=1.0)]
+    assert due(window, LIMITS, fast) == Due(0.45, DispatchReason.WINDOW)
     # A member without a budget waits the default window.
     assert due([item(0.0), item(0.1, budget=None)], LIMITS, fast).at == pytest.approx(0.15)
     assert due([item(0.0)], NO_SHARE, fast) == Due(0.05, DispatchReason.WINDOW)

@@ -21,7 +21,8 @@ def latency_budget(seconds: float | None) -> Iterator[None]:
 
     ``with coalesce.latency_budget(0.5): await tag(ticket)`` gives that call 0.5 s,
     keeping the function's signature untouched. ``None`` restores each function's own
-    budget. (Planning itself is switched on by a function's ``latency_budget=``.)
+    budget. The budget sizes the call's wait for company and its group whether or not
+    its function declared one.
 
     Raises:
         ConfigurationError: If ``seconds`` is not a positive number or None.

@@ -105,12 +105,13 @@ class Options:
     """How calls coalesce; every field checked on construction.
 
     Attributes:
-        max_wait: Longest a call waits for company, in seconds (left at its default
-            and with a ``latency_budget``: a quarter of the budget; see :attr:`window`).
+        max_wait: Longest a call waits for company, in seconds (left at its default, a
+            call with a budget, its function's or its own, waits up to a quarter of it;
+            see :attr:`window` and :func:`coalesce._planning.planner.wait_of`).
         max_items: Most items per request.
         max_concurrency: Most requests in flight at once (``None``: no limit).
-        latency_budget: Seconds a caller may wait end to end (``None``: no budget, and
-            no planning).
+        latency_budget: Seconds a caller may wait end to end (``None``: none, unless a
+            call brings its own; every call's budget is planned, however it was given).
         max_attempts: Requests that may carry one item, re-asks included.
         max_retries: Retries of a request that failed as a whole.
         max_output_tokens: Cap on each reply's tokens (``None``: the provider's).

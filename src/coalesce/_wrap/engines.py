@@ -211,7 +211,8 @@ class Engines:
         if options.expected_output_tokens is None and (call.prompted or call.output_schema is None):
             # The format asked in the prompt: the schema it spells out sizes the first groups.
             estimator = options.token_estimator or estimator_for(call.model)
-            expected = spelled_output_tokens(call.instructions, estimator)
+            fenced = not call.prompted  # a text answer may wrap its JSON in a fence
+            expected = spelled_output_tokens(call.instructions, estimator, fenced=fenced)
             if expected is not None:
                 options = options.replace(expected_output_tokens=expected)
         return options

@@ -50,16 +50,21 @@ def spelled_schema(text: str) -> Mapping[str, Any] | None:
     return None
 
 
-def spelled_output_tokens(instructions: str, estimator: TokenEstimator) -> int | None:
+def spelled_output_tokens(
+    instructions: str, estimator: TokenEstimator, *, fenced: bool = False
+) -> int | None:
     """Expected tokens of one answer to ``instructions`` that spell out a bounded
-    schema (a fence's worth more), else ``None``.
+    schema, else ``None``.
 
     Args:
         instructions: The call's shared instructions.
         estimator: Counts tokens for the call's model.
+        fenced: The answer is text, which may wrap the JSON in a code fence.
     """
     schema = spelled_schema(instructions)
     if schema is None:
         return None
     tokens = bounded_output_tokens(schema, estimator)
-    return None if tokens is None else tokens + _FENCE_TOKENS
+    if tokens is None:
+        return None
+    return tokens + (_FENCE_TOKENS if fenced else 0)
