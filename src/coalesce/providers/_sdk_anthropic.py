@@ -6,9 +6,9 @@ As ``_sdk_openai`` for the openai SDK: named here and nowhere else in coalesce
 
 from __future__ import annotations
 
-import importlib
-import sys
 from typing import Any
+
+from ._sdk_openai import load_internal
 
 __all__ = ["ATTRIBUTES", "INTERNALS", "SUPPORTED", "TESTED"]
 
@@ -52,15 +52,4 @@ def __getattr__(name: str) -> Any:
         AttributeError: ``name`` is not one of :data:`INTERNALS`.
         ImportError: The installed SDK keeps it elsewhere, or has none.
     """
-    where = INTERNALS.get(name)
-    if where is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    try:
-        return getattr(importlib.import_module(where), name)
-    except (ImportError, AttributeError) as exc:
-        version = getattr(sys.modules.get("anthropic"), "__version__", "(none installed)")
-        raise ImportError(
-            f"anthropic {version} has no {where}.{name}, which coalesce uses: coalesce "
-            f"supports anthropic{SUPPORTED} and is tested on {', '.join(TESTED)} and the newest "
-            "(docs/wrap.md, Supported versions)"
-        ) from exc
+    return load_internal("anthropic", name, INTERNALS, SUPPORTED, TESTED)

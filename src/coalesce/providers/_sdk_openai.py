@@ -59,15 +59,28 @@ def __getattr__(name: str) -> Any:
         AttributeError: ``name`` is not one of :data:`INTERNALS`.
         ImportError: The installed SDK keeps it elsewhere, or has none.
     """
-    where = INTERNALS.get(name)
+    return load_internal("openai", name, INTERNALS, SUPPORTED, TESTED)
+
+
+def load_internal(
+    sdk: str, name: str, internals: dict[str, str], supported: str, tested: tuple[str, ...]
+) -> Any:
+    """``sdk``'s own ``name``, imported from the module ``internals`` names for it (what
+    each SDK's module's ``__getattr__`` does).
+
+    Raises:
+        AttributeError: ``name`` is not one of ``internals``.
+        ImportError: The installed SDK keeps it elsewhere, or has none.
+    """
+    where = internals.get(name)
     if where is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        raise AttributeError(f"no SDK internal {name!r} is known for {sdk}")
     try:
         return getattr(importlib.import_module(where), name)
     except (ImportError, AttributeError) as exc:
-        version = getattr(sys.modules.get("openai"), "__version__", "(none installed)")
+        version = getattr(sys.modules.get(sdk), "__version__", "(none installed)")
         raise ImportError(
-            f"openai {version} has no {where}.{name}, which coalesce uses: coalesce supports "
-            f"openai{SUPPORTED} and is tested on {', '.join(TESTED)} and the newest "
+            f"{sdk} {version} has no {where}.{name}, which coalesce uses: coalesce supports "
+            f"{sdk}{supported} and is tested on {', '.join(tested)} and the newest "
             "(docs/wrap.md, Supported versions)"
         ) from exc
