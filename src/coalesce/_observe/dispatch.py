@@ -65,7 +65,10 @@ class DispatchListener:
 
     def __call__(self, reason: DispatchReason, jobs: Sequence[Job]) -> None:
         planning, predict, predicted = self.planning, None, None
-        if planning is not None and any(job.plan is not None for job in jobs):
+        # Planned (and predicted, sized by the cold prior) only if some member has a
+        # budget: a group without one is the batcher's own window.
+        budgeted = any(math.isfinite(job.deadline) for job in jobs)
+        if planning is not None and budgeted and any(job.plan is not None for job in jobs):
             # Sized as the planner sizes them now (what replies taught since they came).
             plans = [planning.sized(job.plan, job.partition) for job in jobs if job.plan]
             predict = request_predictor(planning)
@@ -79,7 +82,7 @@ class DispatchListener:
         number = self.recorder.dispatched(
             reason, len(jobs), predicted=predicted, time_left=left if math.isfinite(left) else None
         )
-        cold = planning is not None and planning.cold
+        cold = planning is not None and planning.cold and budgeted
         dispatched = Dispatched(number, predict, len(jobs), cold, str(reason))
         for job in jobs:
             self._groups[job] = dispatched
