@@ -101,8 +101,13 @@ def known_output_limit(model: str) -> int | None:
     Args:
         model: The model name as sent to the provider.
     """
+    return _look_up(_OUTPUT_TABLE, model)
+
+
+def _look_up(table: tuple[tuple[re.Pattern[str], int], ...], model: str) -> int | None:
+    """The figure of the first family in ``table`` that ``model`` belongs to."""
     name = model.lower()
-    for pattern, tokens in _OUTPUT_TABLE:
+    for pattern, tokens in table:
         if pattern.search(name):
             return tokens
     return None
@@ -115,11 +120,7 @@ def known_window(model: str) -> int | None:
         model: The model name as sent to the provider (``"gpt-4o-mini"``,
             ``"meta-llama/Llama-3.1-8B-Instruct"``, ``"qwen2.5:7b"``...).
     """
-    name = model.lower()
-    for pattern, tokens in _TABLE:
-        if pattern.search(name):
-            return tokens
-    return None
+    return _look_up(_TABLE, model)
 
 
 # -- what providers say when a request is too long ------------------------------------
@@ -200,8 +201,13 @@ def output_limit_error(error: BaseException) -> int | None:
     Args:
         error: What the provider raised.
     """
+    return _stated(error, _OUTPUT_STATED)
+
+
+def _stated(error: BaseException, patterns: tuple[re.Pattern[str], ...]) -> int | None:
+    """The number the first of ``patterns`` that matches ``error``'s texts captures."""
     for text in _messages(error):
-        for pattern in _OUTPUT_STATED:
+        for pattern in patterns:
             found = pattern.search(text)
             if found is not None:
                 return int(re.sub(r"[,_]", "", found.group(1)))
@@ -217,12 +223,7 @@ def context_error_window(error: BaseException) -> int | None:
     Args:
         error: What the provider raised (its SDK's exception, or ours with it as cause).
     """
-    for text in _messages(error):
-        for pattern in _STATED:
-            found = pattern.search(text)
-            if found is not None:
-                return int(re.sub(r"[,_]", "", found.group(1)))
-    return None
+    return _stated(error, _STATED)
 
 
 def is_context_error(error: BaseException) -> bool:
