@@ -141,9 +141,11 @@ class PromptFunction(Generic[P, Out]):
         Args:
             items: Each item is the call's argument (for a function of one parameter),
                 or else a tuple of positional or a dict of keyword arguments.
-            concurrency: Most calls in flight at once (default: ``max_items`` times
-                ``max_concurrency``, or times 16 requests without ``max_concurrency``). Each
-                call starts when a slot frees, so its latency budget counts from there.
+            concurrency: Most calls in flight at once (default: the group cap times
+                ``max_concurrency``, or times 16 requests without ``max_concurrency``, read
+                again as the cap is learned, so that the calls in flight make whole
+                groups). Each call starts when a slot frees, so its latency budget counts
+                from there.
             ordered: Iteration yields in input order (else as each call finishes).
             return_exceptions: A failed call's exception stands in its place (default);
                 ``False``: the first failure is raised and the calls left are cancelled.
@@ -155,9 +157,10 @@ class PromptFunction(Generic[P, Out]):
             ConfigurationError: ``concurrency`` or ``progress`` is invalid.
         """
         listed = list(items)
-        options = self._engine.options
-        if concurrency is None:
-            concurrency = default_concurrency(options.max_items, options.max_concurrency)
+        engine = self._engine
+
+        def whole_groups() -> int:  # the default, read again as the cap is learned
+            return default_concurrency(engine.group_cap(), engine.options.max_concurrency)
         parameters = len(self._signature.parameters) - (self._instance is not _UNBOUND)
         single = parameters == 1
 
@@ -168,7 +171,7 @@ class PromptFunction(Generic[P, Out]):
         return MapCall(
             call,
             len(listed),
-            concurrency=concurrency,
+            concurrency=whole_groups if concurrency is None else concurrency,
             ordered=ordered,
             return_exceptions=return_exceptions,
             on_progress=on_progress,

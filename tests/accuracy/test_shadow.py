@@ -14,8 +14,10 @@ import coalesce
 from coalesce._accuracy.learning import (
     MIN_SAMPLES,
     STEP_ALLOWANCE,
+    TAIL_SAMPLES,
     TOP_SAMPLES,
     Move,
+    fills,
     in_tail,
     learning_wanted,
     next_cap,
@@ -238,6 +240,40 @@ def test_learning_shadows_the_tail_densely_then_only_at_the_rate() -> None:
     assert guard.learning_requests <= 4 * verdicts_to_rise(0.9)
     late = [n for n in asked if n >= 2000]
     assert len(late) <= 0.01 * 2000 + 1
+
+
+def test_the_traffic_fills_a_cap_when_enough_items_were_in_groups_at_its_top() -> None:
+    assert fills(8, [])  # nothing seen: nothing says otherwise
+    assert fills(4, [4] * 10)
+    assert not fills(8, [5, 6] * 40)  # groups end at 6: a cap of 16 would carry nothing
+    assert fills(8, [7] * 20 + [5] * 80)  # a fifth reached the top
+    assert not fills(8, [7] * 19 + [5] * 81)
+
+
+def test_a_cap_the_traffic_does_not_fill_is_judged_for_a_fall_only() -> None:
+    # Every verdict good so far, the step undecided: while the traffic fills the cap,
+    # learning asks for the evidence of a rise; while it does not, only for enough to
+    # judge a fall.
+    tail = [True] * TAIL_SAMPLES
+    assert learning_wanted(8, 6, tail, {}, pending=0, spent=TAIL_SAMPLES, min_agreement=0.9)
+    assert not learning_wanted(
+        8, 6, tail, {}, pending=0, spent=TAIL_SAMPLES, min_agreement=0.9, filled=False
+    )
+    few = [True] * (TAIL_SAMPLES - 2)
+    assert learning_wanted(8, 6, few, {}, pending=1, spent=11, min_agreement=0.9, filled=False)
+
+
+def test_groups_ended_by_the_budget_below_the_cap_stop_the_learning_of_a_rise() -> None:
+    # A model right at any size, traffic that makes groups of 5 and 6: the cap rises
+    # to 8 on groups of 4, then learning stops after the fall-judging tail; the
+    # groups of 4 (at the top of 4) had filled the first step.
+    guard = ShadowGuard(0.0, 0.9, 32, learn=True, start=4)
+    for n in range(3000):
+        size = min(guard.cap, 5 + n // 7 % 2)
+        if guard.wants(size, 1 + n % size):
+            guard.record(size, "a", "a", 1 + n % size)
+    assert [(a, b) for a, b, _ in guard.moves] == [(4, 8)]
+    assert guard.learning_requests <= verdicts_to_rise(0.9) + TAIL_SAMPLES + 2
 
 
 def test_a_custom_agree_decides_and_one_that_raises_counts_as_a_disagreement() -> None:

@@ -78,6 +78,55 @@ class Calls:
         return f"result {index}"
 
 
+async def test_a_moving_limit_is_followed_as_calls_finish() -> None:
+    """``concurrency`` given as a function is read again as calls finish: the calls in
+    flight grow with it and shrink with it, and none starts above it."""
+    calls = Calls([1.0] * 120)
+    limits = {0: 4, 20: 10, 70: 2}
+
+    def limit() -> int:
+        return limits[max(done for done in limits if done <= len(calls.finished))]
+
+    seen: list[tuple[int, int]] = []
+
+    async def call(index: int) -> str:
+        seen.append((calls.running + 1, limit()))
+        return await calls(index)
+
+    results = await MapCall(call, 120, concurrency=limit)
+    assert results == [f"result {index}" for index in range(120)]
+    assert all(running <= most for running, most in seen)
+    assert calls.most == 10
+    assert [running for running, _ in seen[-10:]] == [2] * 10  # shrunk back to 2
+
+
+async def test_map_keeps_whole_groups_in_flight_as_the_cap_is_learned() -> None:
+    """With instructions so short that packing pays only from 6 items, the learned cap
+    stands at 6; the default ``concurrency`` follows the cap (16 groups' worth, not 16
+    times the default 4 = 64 calls), so every wave is whole groups: no call is left over
+    in a group too small to pay and sent plain. (The function's first calls, a cold
+    burst, are a map of their own: what is measured is the map once the cap is known.)"""
+    sim = SimulatedProvider()
+
+    @coalesce.prompt(
+        client=sim.openai_client(max_retries=0), model="gpt-4o-mini", latency_budget=2.0
+    )
+    async def tag(ticket: str) -> Tag:
+        """Tag it."""
+
+    await tag.map(tickets(20, prefix="warm"))
+    before = tag.statistics()
+    assert before.group_cap == before.smallest_paying_group == 6
+    items = tickets(480)
+    results = await tag.map(items)
+    await tag.aclose()
+    assert results == [expected(sim, item) for item in items]
+    stats = tag.statistics()
+    below = stats.plain_calls.get("below_paying", 0) - before.plain_calls.get("below_paying", 0)
+    assert below == 0
+    assert stats.requests - before.requests - stats.shadow_requests <= 480 // 6
+
+
 async def test_at_most_concurrency_calls_run_and_they_start_in_input_order() -> None:
     calls = Calls([float(index % 7 + 1) for index in range(50)])
     results = await MapCall(calls, 50, concurrency=8)

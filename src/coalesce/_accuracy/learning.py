@@ -17,6 +17,10 @@ a verdict at the item's group size and its position in the request.
 * **A size judged too large is remembered** (``bad``): the cap never rises to it
   again, only half way to it from where it stands, so learning ends, and its cost
   with it.
+* **Learn a rise only where the traffic fills the cap.** When the groups leave before
+  reaching the top of the cap (their wait ended by the budget, not the cap), a higher
+  cap would carry nothing more: the tail is shadowed only as far as judging a fall
+  takes, and the rise waits until the traffic fills the cap (:func:`fills`).
 * **Shadow densely while thin, sparsely once firm.** :func:`learning_wanted` says
   whether one more tail item should be shadowed to decide the cap now: while the tail
   has not yet decided and no more than :data:`STEP_ALLOWANCE` verdicts were spent on
@@ -40,6 +44,7 @@ from typing import NamedTuple
 from .._observe.agreement import wilson_interval
 
 __all__ = [
+    "FILLED_SHARE",
     "LEARNING_SHARE",
     "MIN_SAMPLES",
     "STEP_ALLOWANCE",
@@ -47,6 +52,7 @@ __all__ = [
     "TOP_SAMPLES",
     "LearningBudget",
     "Move",
+    "fills",
     "in_tail",
     "in_top",
     "learning_wanted",
@@ -67,6 +73,10 @@ POSITION_SAMPLES = 8
 #: Most shadow calls spent to decide one step of the cap, as a multiple of
 #: :func:`verdicts_to_rise`; past it the evidence is as firm as learning makes it.
 STEP_ALLOWANCE = 3
+#: The share of recently packed items that must have been in groups reaching the top
+#: of the cap's tail before learning pays for a rise: below it, the groups the traffic
+#: makes (their wait ended by the budget, not by the cap) would not use a higher cap.
+FILLED_SHARE = 0.2
 #: The z of the 95% interval.
 Z = 1.96
 #: The most of packing's savings so far that learning may spend on shadow calls: the
@@ -155,6 +165,16 @@ def in_tail(cap: int, size: int, position: int) -> bool:
     half the cap and not above it."""
     half = cap // 2
     return cap >= 2 and half < size <= cap and half < position <= size
+
+
+def fills(cap: int, sizes: Sequence[int]) -> bool:
+    """Whether the traffic fills ``cap``: at least :data:`FILLED_SHARE` of the recently
+    packed items (``sizes``: each one's group size) were in groups that reached the top
+    of its tail. Without any, it is taken to (nothing says otherwise)."""
+    if not sizes:
+        return True
+    top = sum(1 for size in sizes if in_top(cap, size))
+    return top >= FILLED_SHARE * len(sizes)
 
 
 def in_top(cap: int, position: int) -> bool:
@@ -301,6 +321,8 @@ def learning_wanted(
     pending: int,
     spent: int,
     min_agreement: float,
+    *,
+    filled: bool = True,
 ) -> bool:
     """Whether to shadow one more tail item (at ``position``) to decide the cap's step.
 
@@ -312,11 +334,16 @@ def learning_wanted(
         pending: Shadow calls of the tail sent and not judged yet.
         spent: Shadow calls spent on this step so far.
         min_agreement: The agreement the cap must keep.
+        filled: Whether the traffic fills the cap (:func:`fills`). When it does not, a
+            higher cap would not be used: the tail is shadowed only as far as judging
+            a fall takes (:data:`TAIL_SAMPLES`), and the rise waits for the traffic.
     """
     least = verdicts_to_rise(min_agreement)
     if spent >= STEP_ALLOWANCE * least:
         return False  # as firm as learning makes it: the user's rate goes on
     agreed, total = sum(tail), len(tail)
+    if not filled and pending + total >= TAIL_SAMPLES:
+        return False  # enough to judge a fall; a rise would carry nothing more
     if total and wilson_interval(agreed, total)[0] >= min_agreement:
         # Good so far: what is missing is evidence from groups that reached the cap.
         return in_top(cap, position) and top_verdicts(cap, positions) < TOP_SAMPLES

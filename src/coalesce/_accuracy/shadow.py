@@ -33,6 +33,7 @@ from .learning import (
     MIN_SAMPLES,
     LearningBudget,
     Move,
+    fills,
     in_tail,
     learning_wanted,
     next_cap,
@@ -54,6 +55,8 @@ MOVES = 20
 LEARN_SHARE = 0.25
 #: Packed items answered before learning shadows any.
 LEARN_AFTER = 32
+#: Packed items whose group sizes say whether the traffic fills the cap.
+FILL_WINDOW = 64
 #: Verdicts between two saves of the evidence (a move of the cap saves at once).
 SAVE_EVERY = 25
 
@@ -109,6 +112,8 @@ class ShadowGuard:
         self._recent: dict[int, deque[bool]] = {}
         self._tail: deque[bool] = deque(maxlen=RECENT)
         self._positions: dict[int, list[int]] = {}
+        #: The group sizes of the recently packed items: does the traffic fill the cap?
+        self._sizes: deque[int] = deque(maxlen=FILL_WINDOW)
         self.moves: deque[tuple[int, int, str]] = deque(maxlen=MOVES)
         if memory is not None:
             self._restore(memory.load())
@@ -124,6 +129,7 @@ class ShadowGuard:
         if size < 2:
             return False
         self.packed += 1
+        self._sizes.append(size)
         tail = in_tail(self.cap, size, position)
         if math.floor(self.packed * self.rate) > self.shadowed and self._affords(price):
             self.shadowed += 1
@@ -164,6 +170,7 @@ class ShadowGuard:
             self._pending,
             self._spent,
             self.min_agreement,
+            filled=fills(self.cap, self._sizes),
         )
 
     def earn(self, saved: float) -> None:

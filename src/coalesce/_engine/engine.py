@@ -179,10 +179,13 @@ class Engine:
     async def _run(self, jobs: list[Job], resolve: Resolve) -> None:
         await self.parts.runner(jobs, resolve)
 
-    def __repr__(self) -> str:
+    def group_cap(self) -> int:
+        """The most items a group carries now: ``max_items``, or the learned cap."""
         limit = self.planning.limits.max_items
-        if self.shadow is not None:
-            limit = min(limit, self.shadow.cap)
+        return limit if self.shadow is None else min(limit, self.shadow.cap)
+
+    def __repr__(self) -> str:
+        limit = self.group_cap()
         early = self.options.stream and self.trust.enforced
         waiting = self.batcher.statistics().queue_depth
         return (

@@ -35,6 +35,9 @@ R = TypeVar("R")
 #: ``on_progress(done, total)``: called as each call finishes.
 OnProgress = Callable[[int, int], object]
 
+#: The most calls a map keeps in flight, read again as calls finish.
+Limit = Callable[[], int]
+
 #: Requests' worth of items a map keeps in flight when the function sets no
 #: ``max_concurrency`` (with it: exactly enough to fill every request slot).
 REQUESTS_AHEAD = 16
@@ -62,32 +65,46 @@ def spread(item: Any, *, single: bool) -> tuple[tuple[Any, ...], dict[str, Any]]
 
 class _Workers:
     """The calls of one map, as background tasks of the running loop, and what they
-    report: ``(index, result, ok)`` per item, in the order they finish."""
+    report: ``(index, result, ok)`` per item, in the order they finish. ``limit()`` is
+    read as calls finish, so the number in flight follows a limit that moves (the
+    function's group cap, as it is learned)."""
 
-    def __init__(self, call: Callable[[int], Awaitable[Any]], total: int, concurrency: int) -> None:
+    def __init__(self, call: Callable[[int], Awaitable[Any]], total: int, limit: Limit) -> None:
         self._call = call
         self._total = total
+        self._limit = limit
         self._next = 0
+        self._active = 0
         self._scopes: list[anyio.CancelScope] = []
         send: MemoryObjectSendStream[tuple[int, Any, bool]]
         receive: MemoryObjectReceiveStream[tuple[int, Any, bool]]
         send, receive = anyio.create_memory_object_stream(math.inf)
         self._send, self.receive = send, receive
-        for _ in range(min(concurrency, total)):
+        self._grow()
+
+    def _grow(self) -> None:
+        """Start workers up to the limit, no more than there are items left."""
+        wanted = min(max(1, self._limit()), self._total - self._next)
+        while self._active < wanted:
+            self._active += 1
             spawn_task(self._work)
 
     async def _work(self) -> None:
         with anyio.CancelScope() as scope:
             self._scopes.append(scope)
-            while self._next < self._total:
-                index = self._next
-                self._next += 1
-                try:
-                    outcome: tuple[int, Any, bool] = (index, await self._call(index), True)
-                except Exception as exc:
-                    outcome = (index, exc, False)
-                with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
-                    self._send.send_nowait(outcome)
+            try:
+                while self._next < self._total and self._active <= max(1, self._limit()):
+                    index = self._next
+                    self._next += 1
+                    try:
+                        outcome: tuple[int, Any, bool] = (index, await self._call(index), True)
+                    except Exception as exc:
+                        outcome = (index, exc, False)
+                    with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+                        self._send.send_nowait(outcome)
+                    self._grow()
+            finally:
+                self._active -= 1
 
     def cancel(self) -> None:
         """Stop: the calls in flight are cancelled (their items withdrawn), no more start."""
@@ -107,7 +124,8 @@ class MapCall(Generic[R]):
     Args:
         call: ``call(index)``: the call of the item at ``index``.
         total: How many items.
-        concurrency: Most calls in flight at once.
+        concurrency: Most calls in flight at once: a number, or a function read again
+            as calls finish (the default of ``f.map`` follows the group cap).
         ordered: Iteration yields in input order (else as each call finishes).
         return_exceptions: A failed call's exception stands in its place (else the
             first failure is raised and the calls left are cancelled).
@@ -126,14 +144,16 @@ class MapCall(Generic[R]):
         call: Callable[[int], Awaitable[R]],
         total: int,
         *,
-        concurrency: int,
+        concurrency: int | Limit,
         ordered: bool = True,
         return_exceptions: bool = True,
         on_progress: OnProgress | None = None,
         progress: ProgressOption = False,
         label: str = "calls",
     ) -> None:
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        if not callable(concurrency) and (
+            isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+        ):
             raise ConfigurationError(f"concurrency must be a positive integer, got {concurrency!r}")
         try:
             self.progress = check_progress(progress)
@@ -142,6 +162,7 @@ class MapCall(Generic[R]):
         self.call = call
         self.total = total
         self.concurrency = concurrency
+        self._limit: Limit = concurrency if callable(concurrency) else lambda: concurrency
         self.return_exceptions = return_exceptions
         self.label = label
         self._ordered = ordered
@@ -164,6 +185,10 @@ class MapCall(Generic[R]):
             pairs.close()
         return results
 
+    def limit(self) -> int:
+        """The most calls in flight now."""
+        return self._limit()
+
     def tell(self, shown: Display | None, done: int) -> None:
         """``done`` calls have finished: the bar and ``on_progress`` are told."""
         if shown is not None:
@@ -174,7 +199,7 @@ class MapCall(Generic[R]):
     def __repr__(self) -> str:
         return (
             f"<coalesce map of {self.total} {self.label} calls,"
-            f" {self.concurrency} in flight at most>"
+            f" {self._limit()} in flight at most>"
         )
 
 
@@ -199,7 +224,7 @@ class _Pairs(Generic[R]):
     async def __anext__(self) -> tuple[int, R]:
         the_map = self._map
         if self._workers is None and not self._closed:
-            self._workers = _Workers(the_map.call, the_map.total, the_map.concurrency)
+            self._workers = _Workers(the_map.call, the_map.total, the_map.limit)
             self._shown = display(the_map.progress, the_map.label, the_map.total)
         while not self._closed:
             if self._ordered and self._expected in self._ready:
