@@ -27,6 +27,7 @@ Run: ``python benchmarks/bench_budget.py [--calls 600] [--rate 100] [--seed 1]
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import warnings
@@ -284,6 +285,7 @@ def plot(runs: dict[str, dict[str, Any]], path: str) -> None:
 
 
 if __name__ == "__main__":
+    os.environ["COALESCE_STORE"] = ":memory:"  # learn afresh, keep nothing in the user's directory
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=600)
     parser.add_argument("--rate", type=float, default=100.0)

@@ -19,6 +19,7 @@ Run: ``python benchmarks/bench_cache.py [--calls 300] [--rate 100] [--model gpt-
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import warnings
 from contextlib import AbstractContextManager
@@ -165,6 +166,7 @@ async def main(calls: int, rate: float, model: str) -> None:
 
 
 if __name__ == "__main__":
+    os.environ["COALESCE_STORE"] = ":memory:"  # learn afresh, keep nothing in the user's directory
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--rate", type=float, default=100.0)

@@ -35,6 +35,7 @@ import argparse
 import collections
 import json
 import logging
+import os
 import re
 import statistics
 import sys
@@ -649,4 +650,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    os.environ["COALESCE_STORE"] = ":memory:"  # learn afresh, keep nothing in the user's directory
     main()

@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -531,4 +532,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    os.environ["COALESCE_STORE"] = ":memory:"  # learn afresh, keep nothing in the user's directory
     main()

@@ -27,6 +27,7 @@ Run: ``python benchmarks/bench_lanes.py [--items 10000] [--per-line 10] [--provi
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 import warnings
@@ -173,6 +174,7 @@ async def main(items: int, per_line: int, kind: str) -> None:
 
 
 if __name__ == "__main__":
+    os.environ["COALESCE_STORE"] = ":memory:"  # learn afresh, keep nothing in the user's directory
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--items", type=int, default=10_000)
     parser.add_argument("--per-line", type=int, default=10)

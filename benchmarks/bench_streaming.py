@@ -13,6 +13,7 @@ on the time scale; the absolute times do.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from typing import Any, Literal
@@ -96,6 +97,7 @@ async def main(time_scale: float, rounds: int) -> None:
 
 
 if __name__ == "__main__":
+    os.environ["COALESCE_STORE"] = ":memory:"  # learn afresh, keep nothing in the user's directory
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-scale", type=float, default=0.5)
     parser.add_argument("--rounds", type=int, default=3)

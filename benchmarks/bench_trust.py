@@ -35,6 +35,7 @@ import argparse
 import collections
 import json
 import math
+import os
 import random
 import sys
 import time
@@ -618,4 +619,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    os.environ["COALESCE_STORE"] = ":memory:"  # learn afresh, keep nothing in the user's directory
     main()

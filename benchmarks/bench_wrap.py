@@ -23,6 +23,7 @@ Run: ``python benchmarks/bench_wrap.py [--calls 300] [--rate 60] [--seed 1] [--s
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import time
@@ -123,6 +124,7 @@ async def main(calls: int, rate: float, seed: int, system: str) -> None:
 
 
 if __name__ == "__main__":
+    os.environ["COALESCE_STORE"] = ":memory:"  # learn afresh, keep nothing in the user's directory
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--rate", type=float, default=60.0)

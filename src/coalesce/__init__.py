@@ -26,6 +26,7 @@ from ._exceptions import (
     RequestTimeoutError,
     ResultCountError,
     TruncatedOutputError,
+    UnknownOptionError,
 )
 from ._observe.agreement import Agreement, CapLearning
 from ._observe.recorder import (
@@ -41,6 +42,7 @@ from ._observe.recorder import (
     ShadowEvent,
     UnmeetableEvent,
 )
+from ._options import NOT_GIVEN, NotGiven
 from ._planning.latency import LatencyPrior
 from ._planning.tokens import CharacterEstimator, TiktokenEstimator, TokenEstimator
 from ._pricing import DEFAULT_PRICES, LANE_PRICE, Price, PromptCache, price_for
@@ -55,6 +57,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
 __all__ = [
     "DEFAULT_PRICES",
     "LANE_PRICE",
+    "NOT_GIVEN",
     "Agreement",
     "BatchError",
     "BatchMethod",
@@ -81,6 +84,7 @@ __all__ = [
     "ItemError",
     "LatencyPrior",
     "MissingOutputError",
+    "NotGiven",
     "Price",
     "PromptCache",
     "PromptFunction",
@@ -94,6 +98,7 @@ __all__ = [
     "TiktokenEstimator",
     "TokenEstimator",
     "TruncatedOutputError",
+    "UnknownOptionError",
     "UnmeetableEvent",
     "__version__",
     "batch",

@@ -117,7 +117,7 @@ class Carried:
         lane: The lane that answered it (``"realtime"``, or ``"flex"``).
     """
 
-    requests: list[str] = field(default_factory=list)
+    requests: Sequence[str] = ()
     attempts: int = 0
     lane: str = "realtime"
 

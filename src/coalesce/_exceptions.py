@@ -4,6 +4,7 @@
 
     CoalesceError
     ├── ConfigurationError (ValueError)   an option or argument is out of range
+    │   └── UnknownOptionError (TypeError) ... a keyword that names no option
     ├── BatcherClosedError (RuntimeError) the batcher was closed; no new calls
     ├── QueueFull                         a non-waiting submit found the queue full
     ├── BatchError                        the batch function broke its contract
@@ -40,6 +41,7 @@ __all__ = [
     "RequestTimeoutError",
     "ResultCountError",
     "TruncatedOutputError",
+    "UnknownOptionError",
 ]
 
 
@@ -49,6 +51,11 @@ class CoalesceError(Exception):
 
 class ConfigurationError(CoalesceError, ValueError):
     """An option or argument is invalid; the message names it and the allowed range."""
+
+
+class UnknownOptionError(ConfigurationError, TypeError):
+    """A keyword no option of that entry point has (``max_item=8``); the message names
+    the closest option. A ``TypeError`` too, as Python's own for an unexpected keyword."""
 
 
 class BatcherClosedError(CoalesceError, RuntimeError):

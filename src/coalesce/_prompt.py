@@ -14,25 +14,26 @@ re-asking, planning, statistics).
 from __future__ import annotations
 
 import copy
-import dataclasses
 import difflib
 import functools
 import inspect
+import os
 import typing
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 
 import pydantic
 
-from . import _defaults
 from ._batching.runtime import CARRIED
 from ._batching.stats import BatcherStatistics
 from ._engine.budget import budget_override
 from ._engine.engine import Engine
-from ._engine.spec import FunctionSpec, LaneChoice, Options
+from ._engine.spec import FunctionSpec, Options
 from ._exceptions import ConfigurationError, InvalidInputError
 from ._lanes.router import LaneRouter
+from ._lanes.store import JobStore
 from ._observe.recorder import EventHook, PromptStatistics
+from ._options import NOT_GIVEN, LaneChoice, NotGiven, on, refuse_unknown
 from ._planning.latency import LatencyPrior
 from ._planning.tokens import TokenEstimator
 from ._pricing import Price
@@ -85,6 +86,7 @@ class PromptFunction(Generic[P, Out]):
         self._engine = lanes.engine
         self._partition = partition
         self._signature = inspect.signature(fn)
+        self._positional = _positional_names(self._signature)
         self._types = types
         self._instance: Any = _UNBOUND
         functools.update_wrapper(self, fn)
@@ -110,7 +112,9 @@ class PromptFunction(Generic[P, Out]):
         partition = self._key(args, kwargs)
         # The call (its budget, its job) is made on the loop that answers it.
         submit = functools.partial(self._lanes.submit, item, partition=partition)
-        return await self._engine.batcher.run_on_its_loop(submit)  # type: ignore[no-any-return]
+        answer = self._engine.batcher.run_on_its_loop(submit)
+        del item, submit  # nothing of the call but its answer kept while it waits
+        return await answer  # type: ignore[no-any-return]
 
     @property
     def sync(self) -> Blocking[P, Out]:
@@ -161,6 +165,7 @@ class PromptFunction(Generic[P, Out]):
 
         def whole_groups() -> int:  # the default, read again as the cap is learned
             return default_concurrency(engine.group_cap(), engine.options.max_concurrency)
+
         parameters = len(self._signature.parameters) - (self._instance is not _UNBOUND)
         single = parameters == 1
 
@@ -187,17 +192,25 @@ class PromptFunction(Generic[P, Out]):
             TypeError: They do not fit the signature (naming the function and parameter).
             InvalidInputError: One does not validate against its annotation.
         """
-        name, shown = self._engine.spec.name, self._signature
-        if self._instance is not _UNBOUND:
-            parameters = list(self._signature.parameters.values())[1:]
-            shown = self._signature.replace(parameters=parameters)
-        bound = bind_arguments(self._signature, args, kwargs, name=name, shown=shown)
-        arguments = dict(bound.arguments)
+        names = self._positional
+        if names is not None and not kwargs and len(args) == len(names):
+            arguments = dict(zip(names, args, strict=True))  # as binding them would give
+        else:
+            arguments = self._bound(args, kwargs)
         if self._instance is not _UNBOUND:
             del arguments[next(iter(self._signature.parameters))]  # self is not the item
         if self._types is not None:
             self._check_types(self._types, arguments)
         return arguments
+
+    def _bound(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The call's arguments bound to the signature, defaults applied."""
+        name, shown = self._engine.spec.name, self._signature
+        if self._instance is not _UNBOUND:
+            parameters = list(self._signature.parameters.values())[1:]
+            shown = self._signature.replace(parameters=parameters)
+        bound = bind_arguments(self._signature, args, kwargs, name=name, shown=shown)
+        return dict(bound.arguments)
 
     def _check_types(self, types: ArgumentTypes, arguments: dict[str, Any]) -> None:
         """Validate the arguments against their annotations; an argument that also
@@ -268,6 +281,16 @@ class PromptFunction(Generic[P, Out]):
         return "<coalesce.prompt " + repr(self._engine).removeprefix("<coalesce.Engine ")
 
 
+def _positional_names(signature: inspect.Signature) -> tuple[str, ...] | None:
+    """The parameters' names when every one may be given by position (and none is
+    ``*args``, ``**kwargs`` or keyword-only): a call giving each by position binds
+    them in that order. ``None`` otherwise."""
+    parameters = signature.parameters.values()
+    if all(p.kind is p.POSITIONAL_OR_KEYWORD for p in parameters):
+        return tuple(p.name for p in parameters)
+    return None
+
+
 def prompt(
     fn: None = None,  # a bare ``@coalesce.prompt``, refused with how to call it
     /,
@@ -275,13 +298,13 @@ def prompt(
     client: Any = None,
     model: str | None = None,
     instructions: str | None = None,
-    max_wait: float = _defaults.PROMPT_MAX_WAIT,
-    max_items: int = _defaults.PROMPT_MAX_ITEMS,
+    max_wait: float | NotGiven = NOT_GIVEN,
+    max_items: int | NotGiven = NOT_GIVEN,
     max_concurrency: int | None = None,
     latency_budget: float | None = None,
     partition: Callable[..., Hashable] | None = None,
-    max_attempts: int = _defaults.MAX_ATTEMPTS,
-    max_retries: int = _defaults.MAX_RETRIES,
+    max_attempts: int = 4,
+    max_retries: int = 4,
     max_output_tokens: int | None = None,
     stream: bool = True,
     dedupe: bool = False,
@@ -293,37 +316,73 @@ def prompt(
     timeout: float | None = None,
     context_window: int | None = None,
     schema_enforced: bool | None = None,
-    packing: Literal["auto", "always"] = _defaults.PACKING,
-    lane: LaneChoice = _defaults.LANE,
-    store: Any = None,
-    batch_window: float = _defaults.BATCH_WINDOW,
+    packing: Literal["auto", "always"] = "auto",
+    lane: LaneChoice = "auto",
+    store: str | os.PathLike[str] | JobStore | None = None,
+    batch_window: float = 60.0,
     batch_client: Any = None,
-    poll_interval: float = _defaults.POLL_INTERVAL,
-    shadow: float = _defaults.SHADOW,
-    min_agreement: float = _defaults.MIN_AGREEMENT,
+    poll_interval: float = 60.0,
+    shadow: float | NotGiven = NOT_GIVEN,
+    min_agreement: float = 0.9,
     agree: Callable[[Any, Any], bool] | None = None,
     vote: bool = False,
     screen: bool | Callable[[Any], bool] = True,
     **request_options: Any,
 ) -> Callable[[Callable[P, Awaitable[Out]]], PromptFunction[P, Out]]:
-    """Turn ``async def f(<item>) -> Out`` (docstring = instructions) into a coalescing call.
-    Args:
-        client: (and ``model``, ``instructions``) An ``AsyncOpenAI``, ``AsyncAnthropic``,
-            Provider or async callable; the model; the instructions (default: docstring).
-        max_wait: (and ``max_items``, ``max_concurrency``, ``latency_budget``) Wait for
-            company (0.05 s); items per request (learned from 4); requests in flight; budget.
-        partition: (and ``max_attempts``, ``max_retries``) ``partition(*args, **kwargs)``; tries.
-        max_output_tokens: (and ``stream``, ``dedupe``, ``expected_output_tokens``,
-            ``latency_prior``, ``token_estimator``, ``prices``, ``on_event``, ``timeout``).
-        context_window: (and ``schema_enforced``, ``packing``) The window; schema held; pack
-            ``"auto"`` (only where cheaper than plain calls) or ``"always"``.
-        lane: (and ``store``, ``batch_window``, ``batch_client``, ``poll_interval``) The
-            lane (``"auto"``...); job store; deferred window (60 s), client; polls (60 s).
-        shadow: (and ``min_agreement``, ``agree``, ``vote``, ``screen``) Packed items also asked
-            alone; the cap's agreement (0.9); ``agree(a, b)``; two orders; items sent alone.
-        **request_options: Passed to the provider (``temperature=0``...); not misspellings.
+    """Turn ``async def f(<item>) -> Out`` into a function whose concurrent calls share
+    packed prompts: its signature is the item, its return annotation each call's output
+    type, its docstring the instructions (see docs/prompt.md for each option at length).
 
-    Raises ``ConfigurationError`` (bad option or function, bare decorator); see docs/prompt.md.
+    Args:
+        fn: Not given: the options come in parentheses (a bare ``@coalesce.prompt`` raises).
+        client: An ``AsyncOpenAI``, ``AsyncAnthropic``, Provider or async callable (required).
+        model: The model name (required).
+        instructions: The shared instructions, sent once per request (default: the docstring).
+        max_wait: Longest a call waits for company, in seconds; not given: 0.05, or a
+            quarter of the call's latency budget.
+        max_items: Most calls per request; not given: learned per model and function from
+            4 up to 32; given, even 4, it pins the cap.
+        max_concurrency: Most requests in flight at once (default: no limit).
+        latency_budget: Seconds a call may take end to end; groups are sized to finish in it.
+        partition: ``partition(*args, **kwargs) -> key``: calls with different keys never
+            share a request.
+        max_attempts: Requests that may carry one item, re-asks included.
+        max_retries: Retries of a request that failed as a whole (429, 5xx, timeouts), by
+            coalesce: an SDK client's own are switched off.
+        max_output_tokens: Cap on each reply's tokens (default: the provider's).
+        stream: Stream replies; answer each caller as soon as its own output is complete.
+        dedupe: Identical items in one group share one slot in the prompt.
+        expected_output_tokens: Output tokens per item assumed before any reply.
+        latency_prior: A :class:`~coalesce.LatencyPrior`: the provider's speed, at first.
+        token_estimator: Counts input tokens, ``count(text) -> int`` (default: tiktoken).
+        prices: A :class:`~coalesce.Price`, or a table by model, for the cost estimates.
+        on_event: Called with each call, request, dispatch and retry event.
+        timeout: Longest one request attempt may run, in seconds (default: the budget,
+            else the SDK client's timeout, else 60).
+        context_window: The model's context window in tokens (default: known models').
+        schema_enforced: Whether the provider holds every reply to the schema (default: as
+            it declares); if not, streamed answers wait for the whole reply.
+        packing: ``"auto"``: pack only where cheaper than plain calls; ``"always"``.
+        lane: ``"auto"`` (by each call's budget), ``"realtime"``, ``"flex"`` or ``"batch"``.
+        store: The batch lane's job store, a path or a ``JobStore``, with the learned group
+            caps beside it (default: ``$COALESCE_STORE``, else the user data directory;
+            ``":memory:"``: nothing on disk).
+        batch_window: Seconds a call bound for flex or the batch lane waits for others.
+        batch_client: The client the deferred lanes send through (default: ``client``).
+        poll_interval: The longest wait between two polls of a batch job, in seconds.
+        shadow: Share of packed items also asked alone, to check packing; not given: 0.01
+            where the cap is learned, else none.
+        min_agreement: Agreement of packed and plain answers under which the cap comes down.
+        agree: ``agree(a, b) -> bool`` for the shadow guard and the vote (default: ``==``).
+        vote: Ask each packed group in two orders, settling differences with plain calls.
+        screen: A call whose item reads like instructions goes alone; ``False``: off; or
+            your own ``screen(item) -> bool``.
+        **request_options: Passed to the provider (``temperature=0``...); one that looks
+            like a misspelt option raises ``UnknownOptionError``.
+
+    Raises:
+        ConfigurationError: An option is out of range, the decorator is bare, or the
+            function cannot be asked (not ``async def``, no return annotation...).
     """
     if fn is not None:
         raise _bare(fn)
@@ -348,18 +407,8 @@ def _decorator(
     return lambda fn: _decorate(fn, options=options, request_options=request_options, **where)
 
 
-#: The options ``prompt()`` takes (``item_output_cap`` is the drop-in client's own).
-_OPTION_NAMES = tuple(
-    field.name
-    for field in dataclasses.fields(Options)
-    if field.name in inspect.signature(prompt).parameters
-)
 #: Every keyword ``prompt()`` takes itself; anything else is a request option.
-_PROMPT_KEYWORDS = tuple(
-    name
-    for name, parameter in inspect.signature(prompt).parameters.items()
-    if parameter.kind is inspect.Parameter.KEYWORD_ONLY
-)
+_PROMPT_KEYWORDS = tuple(option.name for option in on("prompt"))
 #: Request options of the OpenAI and Anthropic APIs, never taken for a misspelling.
 _KNOWN_REQUEST_OPTIONS = frozenset(
     {
@@ -374,20 +423,15 @@ _KNOWN_REQUEST_OPTIONS = frozenset(
 
 
 def _check_request_options(request_options: Mapping[str, Any]) -> None:
-    """Refuse a keyword that looks like a misspelt coalesce option.
-
-    Unknown keywords go to the provider unchanged, so ``max_item=8`` would otherwise
-    fail every call with the SDK's ``TypeError`` instead of here.
-    """
-    for name in request_options:
-        if name in _KNOWN_REQUEST_OPTIONS:
-            continue
-        close = difflib.get_close_matches(name, _PROMPT_KEYWORDS, n=1, cutoff=0.8)
-        if close:
-            raise ConfigurationError(
-                f"unknown option {name!r}: did you mean {close[0]!r}? (keywords that are not"
-                " coalesce options are passed to the provider as request options)"
-            )
+    """Refuse a keyword that looks like a misspelt coalesce option: unknown keywords go
+    to the provider, so ``max_item=8`` would otherwise fail every call in the SDK."""
+    suspects = [
+        name
+        for name in request_options
+        if name not in _KNOWN_REQUEST_OPTIONS
+        and difflib.get_close_matches(name, _PROMPT_KEYWORDS, n=1, cutoff=0.8)
+    ]
+    refuse_unknown("coalesce.prompt", suspects, _PROMPT_KEYWORDS, cutoff=0.8)
 
 
 def _split_keywords(given: Mapping[str, Any]) -> tuple[Options, dict[str, Any]]:
@@ -398,7 +442,7 @@ def _split_keywords(given: Mapping[str, Any]) -> tuple[Options, dict[str, Any]]:
             misspelt option.
     """
     _check_request_options(given["request_options"])
-    options = Options(**{name: given[name] for name in _OPTION_NAMES})
+    options = Options.of(given)
     return options, {name: given[name] for name in ("client", "model", "instructions", "partition")}
 
 

@@ -442,6 +442,8 @@ def jsonable(value: Any, *, field: str, subject: str) -> Any:
         InvalidInputError: Naming the part that cannot be sent, its type and the fix;
             its ``field`` says where the part is.
     """
+    if type(value) is str:
+        return value  # text: nothing to refuse or convert
     binary = _search(value, field, _BINARY_PARTS, set())
     if binary is not None:
         raise _refused(subject, field, *binary)
@@ -570,6 +572,13 @@ def check_item(item: Any) -> None:
     encode_item(item)
 
 
+#: The canonical JSON of an item, as ``json.dumps`` with these options writes it (one
+#: encoder for every call, rather than one made by each ``json.dumps``).
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False
+)
+
+
 def encode_item(item: Any) -> tuple[str, int]:
     """The item's canonical JSON (sorted keys, compact) and its size in UTF-8 bytes.
 
@@ -580,10 +589,8 @@ def encode_item(item: Any) -> tuple[str, int]:
         InvalidInputError: As :func:`check_item`.
     """
     try:
-        text = json.dumps(
-            item, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False
-        )
-        return text, len(text.encode("utf-8"))
+        text = _CANONICAL.encode(item)
+        return text, len(text) if text.isascii() else len(text.encode("utf-8"))
     except (TypeError, ValueError, RecursionError) as exc:  # UnicodeEncodeError too
         raise _refusal(item, exc) from None
 

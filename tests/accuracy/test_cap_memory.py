@@ -7,37 +7,39 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 from pathlib import Path
 from typing import Any, Literal
 
 import anyio
+import platformdirs
 import pytest
 
 import coalesce
 from coalesce._accuracy.memory import CapMemory, Evidence, memory_dir
 from coalesce._accuracy.shadow import ShadowGuard
-from coalesce._defaults import LEARNED_CAP_CEILING, PROMPT_MAX_ITEMS, cap_given
+from coalesce._engine.spec import Options
+from coalesce._options import LEARNED_CAP_CEILING, PROMPT_MAX_ITEMS
 from coalesce.testing import SimulatedProvider
 
 RULES = " ".join(f"Rule {n}: judge the whole review, not one word." for n in range(30))
 
 
 def test_the_default_max_items_is_told_apart_from_a_given_one() -> None:
-    assert PROMPT_MAX_ITEMS == 4
-    assert repr(PROMPT_MAX_ITEMS) == "4"
-    assert not cap_given(PROMPT_MAX_ITEMS)
-    assert cap_given(4)
-    assert cap_given(16)
+    assert type(PROMPT_MAX_ITEMS) is int
+    assert Options().max_items is coalesce.NOT_GIVEN
+    assert Options().most_items == Options(max_items=4).most_items == PROMPT_MAX_ITEMS
+    assert Options(max_items=4).max_items == 4
 
 
-def test_the_memory_lives_beside_the_job_store(tmp_path: Path) -> None:
-    env = {"COALESCE_STORE": str(tmp_path / "jobs.sqlite3")}
-    assert memory_dir(env, tmp_path) == tmp_path / "caps"
-    xdg = {"XDG_DATA_HOME": str(tmp_path / "data")}
-    if sys.platform.startswith("linux"):
-        assert memory_dir(xdg, tmp_path) == tmp_path / "data" / "coalesce" / "caps"
-        assert memory_dir({}, tmp_path) == tmp_path / ".local/share/coalesce/caps"
+def test_the_memory_lives_beside_the_job_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert memory_dir({"COALESCE_STORE": str(tmp_path / "jobs.sqlite3")}) == tmp_path / "caps"
+    assert memory_dir({"COALESCE_STORE": "~/x/jobs.db"}) == Path.home() / "x" / "caps"
+    user_data = Path(platformdirs.user_data_dir("coalesce", appauthor=False))
+    assert memory_dir({"COALESCE_STORE": ""}) == user_data / "caps"
+    monkeypatch.delenv("COALESCE_STORE")
+    assert memory_dir() == user_data / "caps"
 
 
 def test_evidence_round_trips(tmp_path: Path) -> None:

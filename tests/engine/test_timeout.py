@@ -18,7 +18,7 @@ import pytest
 from pydantic import BaseModel
 
 import coalesce
-from coalesce._defaults import REQUEST_TIMEOUT
+from coalesce._options import REQUEST_TIMEOUT
 from coalesce.providers import Completion, CompletionRequest, RetryAdvice, Usage
 from coalesce.testing import SimulatedProvider
 

@@ -49,7 +49,7 @@ def test_api_key_mode_takes_the_upstream_keys_from_the_environment() -> None:
         (["--budget", "-1"], {}, "budget must be a finite number of seconds > 0"),
         (["--budget", "nan"], {}, "budget"),
         ([], {"COALESCE_MAX_ITEMS": "many"}, "max_items must be a whole number"),
-        (["--max-items", "0"], {}, "max_items must be >= 1"),
+        (["--max-items", "0"], {}, "max_items must be an integer >= 1"),
         (["--openai-upstream", "api.openai.com"], {}, "http:// or https://"),
         (["--port", "70000"], {}, "port must be from 0 to 65535"),
         ([], {"COALESCE_LANE": "slow"}, "lane must be one of"),

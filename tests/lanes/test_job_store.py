@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import platformdirs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -24,10 +25,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from coalesce._exceptions import ConfigurationError, InvalidInputError
 from coalesce._lanes.keys import item_key
-from coalesce._lanes.paths import default_store_path, store_path_for
 from coalesce._lanes.records import BatchJob, ItemRow, PlannedLine, StoredItem, StoredLine
 from coalesce._lanes.schema import SCHEMA_VERSION
 from coalesce._lanes.store import JobStore
+from coalesce._paths import default_store_path
 
 SCHEMA = {"type": "object", "properties": {"tag": {"type": "string"}}}
 
@@ -508,34 +509,11 @@ def test_opening_creates_parent_directories(tmp_path: Path) -> None:
 def test_the_default_store_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("COALESCE_STORE", str(tmp_path / "mine.db"))
     assert default_store_path() == tmp_path / "mine.db"
+    assert default_store_path({"COALESCE_STORE": "~/x/y.db"}) == Path.home() / "x/y.db"
+    user_data = Path(platformdirs.user_data_dir("coalesce", appauthor=False))
+    assert default_store_path({"COALESCE_STORE": ""}) == user_data / "jobs.sqlite3"
     monkeypatch.delenv("COALESCE_STORE")
-    assert default_store_path().parts[-2:] == ("coalesce", "jobs.sqlite3")
-
-
-HOME = Path("/home/u")
-
-
-@pytest.mark.parametrize(
-    ("platform", "env", "expected"),
-    [
-        ("linux", {}, HOME / ".local/share/coalesce/jobs.sqlite3"),
-        ("linux", {"XDG_DATA_HOME": "/data"}, Path("/data/coalesce/jobs.sqlite3")),
-        ("linux", {"XDG_DATA_HOME": "relative"}, HOME / ".local/share/coalesce/jobs.sqlite3"),
-        ("darwin", {}, HOME / "Library/Application Support/coalesce/jobs.sqlite3"),
-        ("win32", {"LOCALAPPDATA": "/L"}, Path("/L/coalesce/jobs.sqlite3")),
-        ("win32", {}, HOME / "AppData/Local/coalesce/jobs.sqlite3"),
-        ("linux", {"COALESCE_STORE": "/x/y.db", "XDG_DATA_HOME": "/d"}, Path("/x/y.db")),
-    ],
-)
-def test_store_path_for_each_platform(platform: str, env: dict[str, str], expected: Path) -> None:
-    assert store_path_for(platform, env, HOME) == expected
-
-
-def test_the_default_directory_is_platformdirs(monkeypatch: pytest.MonkeyPatch) -> None:
-    platformdirs = pytest.importorskip("platformdirs")
-    monkeypatch.delenv("COALESCE_STORE", raising=False)
-    expected = Path(platformdirs.user_data_dir("coalesce", appauthor=False)) / "jobs.sqlite3"
-    assert default_store_path() == expected
+    assert default_store_path() == user_data / "jobs.sqlite3"
 
 
 # --- custom ids and threads -----------------------------------------------------------------

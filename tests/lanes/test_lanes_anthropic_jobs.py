@@ -84,7 +84,7 @@ async def test_an_expired_job_keeps_its_results_and_releases_the_rest(tmp_path: 
         with JobStore(tmp_path / "jobs.sqlite3") as store:
             provider = AnthropicProvider(client)
             job = plan(store, provider, texts(9), per_line=3)
-            first = (await resume(store, client, VALIDATE, Poll(first=3600)))[job.id]
+            first = (await resume(store, client, VALIDATE, Poll(first=3600, longest=3600)))[job.id]
             pending = [item.input for item in store.pending_items()]
             follow_up = plan(store, provider, pending, per_line=3)
             second = (await resume(store, client, VALIDATE, POLL))[follow_up.id]

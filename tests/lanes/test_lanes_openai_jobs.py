@@ -115,7 +115,7 @@ async def test_an_expired_job_keeps_its_results_and_a_follow_up_answers_the_rest
         with JobStore(tmp_path / "jobs.sqlite3") as store:
             provider = OpenAIProvider(client)
             job = plan(store, provider, texts(9), per_line=3)
-            first = (await resume(store, client, VALIDATE, Poll(first=3600)))[job.id]
+            first = (await resume(store, client, VALIDATE, Poll(first=3600, longest=3600)))[job.id]
             assert first.state == "expired"
             assert len(first.results) == 3
             assert len(first.released) == 6

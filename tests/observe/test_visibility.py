@@ -387,5 +387,6 @@ def test_option_changes_lists_what_differs_from_the_defaults() -> None:
         option_changes(options) == " budget=2s max_wait=0.1s max_items=20 stream=False timeout=30s"
     )
     assert option_changes(Options(on_event=print)) == " on_event=print"
-    assert option_changes(Options(max_items=4)) == ""  # the default, given explicitly
+    # Given, even at the default's value, max_items pins the cap: it shows.
+    assert option_changes(Options(max_items=4)) == " max_items=4"
     assert option_changes(object()) == ""

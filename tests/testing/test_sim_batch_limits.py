@@ -16,7 +16,6 @@ import pytest
 
 from coalesce._exceptions import ConfigurationError
 from coalesce.testing import BatchSubmission, BatchTiming, SimulatedProvider
-from coalesce.testing._asgi import HttpError
 from coalesce.testing._batch_rules import (
     OverLimit,
     check_metadata,
@@ -33,6 +32,7 @@ from coalesce.testing._batches import (
     make_timeline,
     openai_status,
 )
+from coalesce.testing._http import HttpError
 
 pytestmark = pytest.mark.anyio
 

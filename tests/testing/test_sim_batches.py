@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import anyio
+import httpx2
 import openai
 import pytest
 
@@ -200,3 +201,25 @@ async def test_anthropic_message_batch_cancel() -> None:
             entry.result.type async for entry in await client.messages.batches.results(batch.id)
         ]
     assert results == ["succeeded", "succeeded", "canceled", "canceled", "canceled"]
+
+
+@pytest.mark.parametrize(
+    ("form", "status", "detail"),
+    [
+        ({"files": {"file": ("in.jsonl", b"{}\n")}, "data": {"purpose": "batch"}}, 200, "in.jsonl"),
+        # A part without a filename is the file's content all the same.
+        ({"files": {"file": (None, b"{}\n")}, "data": {"purpose": "batch"}}, 200, "upload.jsonl"),
+        ({"files": {"file": ("in.jsonl", b"{}\n")}}, 400, "needs the fields 'file' and 'purpose'"),
+        ({"json": {"file": "{}", "purpose": "batch"}}, 400, "expected a multipart/form-data body"),
+    ],
+)
+async def test_a_file_upload_is_a_multipart_form(
+    form: dict[str, Any], status: int, detail: str
+) -> None:
+    sim = SimulatedProvider()
+    async with httpx2.AsyncClient(transport=sim.transport(), base_url="http://sim.test") as http:
+        reply = await http.post("/v1/files", **form)
+    assert reply.status_code == status
+    assert detail in reply.text
+    if status == 200:
+        assert reply.json()["bytes"] == 3

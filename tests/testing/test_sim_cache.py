@@ -16,7 +16,6 @@ import openai
 import pytest
 
 from coalesce._exceptions import ConfigurationError
-from coalesce._planning.tokens import count_tokens
 from coalesce.testing import (
     LatencyProfile,
     SimulatedLatency,
@@ -36,6 +35,7 @@ from coalesce.testing._cache_store import PromptCacheStore
 from coalesce.testing._cli import build_parser
 from coalesce.testing._clock import Clock
 from coalesce.testing._config import provider_options
+from coalesce.testing._tokens import count_text
 
 pytestmark = pytest.mark.anyio
 
@@ -115,11 +115,11 @@ def test_store_reads_the_nearest_usable_prompt_past_pending_and_expired_ones() -
     clock = HandClock()
     store = PromptCacheStore(SimulatedPromptCache(ttl=10), 1.0, clock)
     scope = ("key", GPT)
-    tokens = count_tokens(LONG) + 20
+    tokens = count_text(LONG) + 20
 
     def send(user: str, at: float, first_token: float = 1.0) -> int:
         clock.time = at
-        use = store.lookup(ask(user), scope, tokens, at, count_tokens)
+        use = store.lookup(ask(user), scope, tokens, at, count_text)
         store.commit(use, at, at + first_token)
         return use.read
 
@@ -131,7 +131,7 @@ def test_store_reads_the_nearest_usable_prompt_past_pending_and_expired_ones() -
     assert send("d", 12.0) > 0
     # At 30 every entry but the pending "c" has expired, and is forgotten on the way.
     clock.time = 30.0
-    assert store.lookup(ask("e"), scope, tokens, 30.0, count_tokens).read == 0
+    assert store.lookup(ask("e"), scope, tokens, 30.0, count_text).read == 0
     assert [text[-1] for text in store.prompts["key", GPT, None].texts] == ["c"]
 
 
@@ -242,7 +242,7 @@ async def test_openai_shared_prefix_is_cached_up_to_where_prompts_differ(
 ) -> None:
     await chat(oai, LONG, "alpha " * 300)
     tokens, cached = await chat(oai, LONG, "beta " * 300)
-    system = count_tokens(LONG)
+    system = count_text(LONG)
     assert tokens > system + 250
     assert system - 128 < cached <= system + 6
 
@@ -368,18 +368,18 @@ async def test_anthropic_caches_nothing_without_cache_control(
 async def test_anthropic_marked_prefix_below_the_models_minimum_is_not_cached(
     claude: anthropic.AsyncAnthropic,
 ) -> None:
-    assert 1024 < count_tokens(LONG) < 2048
+    assert 1024 < count_text(LONG) < 2048
     for _ in range(2):
         assert split(await message(claude, marked_system(LONG), model=HAIKU))[1:] == (0, 0)
         assert split(await message(claude, marked_system(SHORT)))[1:] == (0, 0)
     # The same prefix is long enough for Sonnet.
-    assert split(await message(claude, marked_system(LONG)))[1] == count_tokens(LONG)
+    assert split(await message(claude, marked_system(LONG)))[1] == count_text(LONG)
 
 
 async def test_anthropic_writes_then_reads_the_marked_prefix(
     sim: SimulatedProvider, claude: anthropic.AsyncAnthropic
 ) -> None:
-    prefix = count_tokens(LONG)
+    prefix = count_text(LONG)
     first = split(await message(claude, marked_system(LONG), "one question"))
     start = anyio.current_time()
     second = split(await message(claude, marked_system(LONG), "another question"))
@@ -424,8 +424,8 @@ async def test_anthropic_earlier_breakpoint_is_read_and_the_rest_written(
         {"type": "text", "text": SHORT, "cache_control": EPHEMERAL},
     ]
     _, written, read = split(await message(claude, system))
-    assert read == count_tokens(LONG)
-    assert written == count_tokens(SHORT)
+    assert read == count_text(LONG)
+    assert written == count_text(SHORT)
 
 
 async def test_anthropic_refuses_invalid_cache_control(claude: anthropic.AsyncAnthropic) -> None:
@@ -440,7 +440,7 @@ async def test_anthropic_refuses_invalid_cache_control(claude: anthropic.AsyncAn
 async def test_anthropic_streamed_usage_reports_the_cache(
     sim: SimulatedProvider, claude: anthropic.AsyncAnthropic
 ) -> None:
-    prefix = count_tokens(LONG)
+    prefix = count_text(LONG)
     starts = []
     for _ in range(2):
         async with claude.messages.stream(
@@ -469,7 +469,7 @@ async def test_anthropic_entry_expires_five_minutes_after_its_last_use(
     await anyio.sleep(299)  # refreshed by the hit
     assert split(await message(claude, marked_system(LONG)))[2] > 0
     await anyio.sleep(301)
-    assert split(await message(claude, marked_system(LONG)))[1:] == (count_tokens(LONG), 0)
+    assert split(await message(claude, marked_system(LONG)))[1:] == (count_text(LONG), 0)
 
 
 async def test_anthropic_caches_per_api_key(sim: SimulatedProvider) -> None:
@@ -492,7 +492,7 @@ async def test_batch_lines_read_what_earlier_lines_wrote(
     }
     requests: Any = [{"custom_id": f"r{n}", "params": params} for n in range(3)]
     batch = await claude.messages.batches.create(requests=requests)
-    prefix = count_tokens(LONG)
+    prefix = count_text(LONG)
     assert [(r.cache_write_tokens, r.cached_tokens) for r in sim.requests] == [
         (prefix, 0),
         (0, prefix),

@@ -14,6 +14,7 @@ import anyio
 import httpx2
 import openai
 import pytest
+from starlette.types import Message, Receive, Scope, Send
 
 from coalesce.testing import (
     LatencyProfile,
@@ -22,7 +23,6 @@ from coalesce.testing import (
     compute_delays,
     expected_output,
 )
-from coalesce.testing._asgi import Message, Receive, Scope, Send
 from coalesce.testing._inprocess import SimulatedTransport
 
 pytestmark = pytest.mark.anyio
@@ -308,3 +308,26 @@ async def test_head_response_has_no_body() -> None:
     async with httpx2.AsyncClient(transport=SimulatedTransport(app)) as http:
         response = await http.head("http://sim.test/")
     assert (response.status_code, response.content) == (200, b"")
+
+
+async def test_a_client_gone_before_its_request_is_read_gets_no_answer() -> None:
+    """Nothing to answer and nothing to log (over HTTP, not an error in the server's log)."""
+    sim = SimulatedProvider()
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    path = "/v1/chat/completions"
+    scope: Scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+        "headers": [(b"content-type", b"application/json")], "scheme": "http",
+        "server": ("sim.test", 80), "client": ("127.0.0.1", 1),
+    }  # fmt: skip
+    await sim(scope, receive, send)
+    assert sent == []
+    assert sim.requests == ()

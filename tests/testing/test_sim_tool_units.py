@@ -13,11 +13,12 @@ import pytest
 from coalesce._wire.packing import pack_request
 from coalesce.testing import expected_output
 from coalesce.testing._anthropic import ANTHROPIC
-from coalesce.testing._asgi import HttpError
-from coalesce.testing._engine import Answer, Prompt, compose, count_text
+from coalesce.testing._engine import Answer, Prompt, compose
 from coalesce.testing._faults import Fault
+from coalesce.testing._http import HttpError
 from coalesce.testing._openai import OPENAI
 from coalesce.testing._responses import RESPONSES
+from coalesce.testing._tokens import count_text
 from coalesce.testing._tools import ForcedTool, described_schema, forced_function
 
 SCHEMA = {

@@ -24,7 +24,7 @@ from coalesce.testing import (
 )
 from coalesce.testing._anthropic import ANTHROPIC
 from coalesce.testing._batches import anthropic_status, lines_done, make_timeline, openai_status
-from coalesce.testing._engine import Prompt, compose, count_text, cut_to_tokens, split_pieces
+from coalesce.testing._engine import Prompt, compose, cut_to_tokens, split_pieces
 from coalesce.testing._faults import (
     FAULT_STATUS,
     HTTP_FAULTS,
@@ -46,6 +46,7 @@ from coalesce.testing._ratelimit import (
     retry_headers,
     seconds_until,
 )
+from coalesce.testing._tokens import count_text
 from coalesce.testing._wire import parse_packed
 
 

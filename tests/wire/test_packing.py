@@ -18,7 +18,15 @@ from coalesce._exceptions import (
     MissingOutputError,
     TruncatedOutputError,
 )
-from coalesce._wire.outcomes import FailureKind, ItemFailure, Split, failure_error
+from coalesce._wire.jsonstream import ResultScanner
+from coalesce._wire.outcomes import (
+    FailureKind,
+    ItemFailure,
+    Split,
+    failure_error,
+    read_result,
+    read_whole,
+)
 from coalesce._wire.packing import (
     format_instructions,
     make_ids,
@@ -637,3 +645,72 @@ def test_split_property_each_item_gets_its_own_output_or_a_failure(case: Case) -
         assert kinds(split)[item_id] == oracle_all_occurrences(case, item_id)
     unknown = [i for i, _ in case.seen() if i not in case.inputs]
     assert split.unknown_ids == tuple(dict.fromkeys(unknown))
+
+
+# --- a well-formed reply read in one parse, as the scanner reads it ----------------------
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.sampled_from(["a", "b", "id", "output", "results"]), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+REPLY_IDS = ["1", "2", "3"]
+
+
+def scanned(text: str, ids: list[str]) -> list[Any]:
+    return [read_result(found) for found in ResultScanner(ids).feed(text)]
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from(["1", "2", "3", "9", "x"]), JSON_VALUES), max_size=4),
+    st.booleans(),
+    st.sampled_from(["", " ", "\n\t"]),
+)
+def test_a_whole_reply_reads_as_the_scanner_reads_it(
+    members: list[tuple[str, Any]], listed: bool, space: str
+) -> None:
+    """Format 2 (members keyed by id, any key given twice) and format 1 (result
+    objects), written with odd spacing: wherever one parse reads the reply, it reads
+    what the scanner finds in it."""
+    if listed:
+        body = ",".join(
+            json.dumps({"id": key, "output": value} if key != "x" else value)
+            for key, value in members
+        )
+        results = f"[{space}{body}{space}]"
+    else:
+        body = f",{space}".join(
+            f"{json.dumps(key)}:{space}{json.dumps(value)}" for key, value in members
+        )
+        results = f"{{{space}{body}}}"
+    text = f'{{{space}"results":{space}{results}{space}}}'
+    whole = read_whole(text, REPLY_IDS)
+    if whole is not None:
+        assert whole == scanned(text, REPLY_IDS)
+    keys = [key for key, _ in members]
+    if not listed and len(set(keys)) == len(keys):
+        assert whole is not None  # no key twice: one parse reads it
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"results": {"1": 1, "1": 2}}',  # an id twice: the scanner tells the duplicate
+        'Sure! {"results": {"1": 1}}',  # prose around it
+        '{"results": {"1": 1}, "note": {"results": {"2": 2}}}',  # results elsewhere too
+        '{"1": 1, "2": 2}',  # the wrapper left out
+        '{"results": {"1": 1}',  # cut
+        '{"results": [1, {"id": "1", "output": 1}]}',  # not every result an object
+        '{"results": {"1": {"a": 1, "a": 2}}}',  # a key twice inside an output
+        '{"results": {"1": 1,}}',  # a trailing comma
+    ],
+)
+def test_other_replies_are_left_to_the_scanner(text: str) -> None:
+    assert read_whole(text, REPLY_IDS) is None
+
+
+def test_an_id_named_results_is_left_to_the_scanner() -> None:
+    assert read_whole('{"results": {"1": 1}}', ["1", "results"]) is None

@@ -15,12 +15,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .._paths import default_store_path
 
 __all__ = ["CapMemory", "Evidence", "memory_dir"]
 
@@ -28,6 +29,12 @@ logger = logging.getLogger("coalesce")
 
 #: The file format's version: another is ignored (learning starts afresh).
 VERSION = 1
+#: The directories this process has said it keeps caps in.
+_ANNOUNCED: set[Path] = set()
+_WHERE = (
+    "coalesce: learned group caps are kept in %s (store= or COALESCE_STORE moves them,"
+    " ':memory:' keeps them in memory only)"
+)
 
 
 @dataclass
@@ -45,23 +52,15 @@ class Evidence:
     moves: list[tuple[int, int, str]] = field(default_factory=list)
 
 
-def memory_dir(env: Mapping[str, str] | None = None, home: Path | None = None) -> Path:
-    """Where the caps are kept: ``caps/`` in ``$COALESCE_STORE``'s directory (the job
-    store's file), else in the user data directory's ``coalesce/``."""
-    env = os.environ if env is None else env
-    home = Path.home() if home is None else home
-    store = env.get("COALESCE_STORE", "")
-    if store:
-        return Path(store).expanduser().parent / "caps"
-    if sys.platform == "win32":
-        local = env.get("LOCALAPPDATA", "")
-        data = Path(local) if local else home / "AppData" / "Local"
-    elif sys.platform == "darwin":
-        data = home / "Library" / "Application Support"
-    else:
-        xdg = env.get("XDG_DATA_HOME", "").strip()
-        data = Path(xdg) if xdg and Path(xdg).is_absolute() else home / ".local" / "share"
-    return data / "coalesce" / "caps"
+def memory_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where the caps are kept: ``caps/`` beside the job store's file
+    (:func:`~coalesce._paths.default_store_path`: ``$COALESCE_STORE``'s directory, else
+    the user data directory).
+
+    Args:
+        env: Where ``COALESCE_STORE`` is read (default: ``os.environ``).
+    """
+    return default_store_path(env).parent / "caps"
 
 
 class CapMemory:
@@ -114,6 +113,10 @@ class CapMemory:
                 raise
         except OSError as exc:
             logger.warning("coalesce: cannot save the learned cap to %s (%s)", self.path, exc)
+            return
+        if self.path.parent not in _ANNOUNCED:  # once per directory and process
+            _ANNOUNCED.add(self.path.parent)
+            logger.info(_WHERE, self.path.parent)
 
     def __repr__(self) -> str:
         return f"CapMemory({str(self.path)!r})"

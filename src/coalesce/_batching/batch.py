@@ -89,9 +89,13 @@ def batch(fn: Any = None, /, **options: Any) -> Any:
     generator) fails every caller of that batch with :class:`~coalesce.BatchError`, and a
     sequence of the wrong length with :class:`~coalesce.ResultCountError`.
 
+    Args:
+        fn: The batch function, when the decorator is bare.
+        **options: :class:`Batcher`'s (``max_wait``, ``max_items``, ``partition``...).
+
     Raises:
         ConfigurationError: If an option is out of range, or the function is not
-            ``async def`` (at decoration time).
+            ``async def`` (at decoration time); ``UnknownOptionError`` if misspelt.
     """
     if fn is None:
         # Validate now, at decoration time, not on the first call.

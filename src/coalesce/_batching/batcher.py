@@ -39,8 +39,8 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 
-from .._defaults import BATCH_MAX_ITEMS, BATCH_MAX_WAIT
 from .._exceptions import BatcherClosedError, QueueFull
+from .._options import BATCH_MAX_ITEMS, BATCH_MAX_WAIT, refuses_unknown
 from .dispatcher import Dispatcher
 from .options import (
     BatchFunction,
@@ -182,6 +182,7 @@ class Batcher(Generic[T, R]):
             ``async def``) function.
     """
 
+    @refuses_unknown("coalesce.Batcher")
     def __init__(
         self,
         fn: BatchFunction[T, R] | EarlyBatchFunction[T, R],
@@ -198,20 +199,7 @@ class Batcher(Generic[T, R]):
         on_dispatch: OnDispatch[T] | None = None,
         resolve_early: bool = False,
     ) -> None:
-        options = check_options(
-            fn,
-            max_wait=max_wait,
-            max_items=max_items,
-            max_concurrency=max_concurrency,
-            max_pending=max_pending,
-            partition=partition,
-            size=size,
-            max_size=max_size,
-            name=name,
-            policy=policy,
-            on_dispatch=on_dispatch,
-            resolve_early=resolve_early,
-        )
+        options = check_options(fn, locals())
         self._options = options
         self._name = options.name
         self._limits = options.limits
@@ -381,13 +369,13 @@ class Batcher(Generic[T, R]):
         if self._queue.withdraw(waiter):
             self._withdrawn += 1
 
-    async def run_on_its_loop(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
-        """``await fn(*args)`` where :func:`route` says: here, or on the background loop
-        and awaited here (cancelling the caller cancels it there). The surfaces run a
-        whole call so, making its job on the loop that answers it."""
+    def run_on_its_loop(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> Awaitable[Any]:
+        """What to await for ``fn(*args)`` where :func:`route` says: here, or on the
+        background loop and awaited here (cancelling the caller cancels it there). The
+        surfaces run a whole call so, making its job on the loop that answers it."""
         if self._serving is running_owner():
-            return await fn(*args)  # the usual case, without a frame more
-        return await _on_its_loop(self, fn, *args)
+            return fn(*args)  # the usual case: its own awaitable, no coroutine more
+        return _on_its_loop(self, fn, *args)
 
     def _runtime(self) -> Runtime:
         rt = self._rt

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from .._exceptions import ConfigurationError
-from .._validate import check_callable, check_int, check_seconds
+from .._options import on
 from .policy import DispatchPolicy, DispatchReason, Limits
 
 __all__ = [
@@ -71,45 +71,24 @@ class BatcherOptions(Generic[T]):
         return self.size is None and self.max_pending is None and self.policy is None
 
 
-def check_options(
-    fn: Any,
-    *,
-    max_wait: Any,
-    max_items: Any,
-    max_concurrency: Any,
-    max_pending: Any,
-    partition: Any,
-    size: Any,
-    max_size: Any,
-    name: str | None,
-    policy: Any,
-    on_dispatch: Any,
-    resolve_early: Any,
-) -> BatcherOptions[Any]:
-    """The :class:`BatcherOptions` of ``Batcher(fn, ...)``.
+def check_options(fn: Any, given: Mapping[str, Any]) -> BatcherOptions[Any]:
+    """The :class:`BatcherOptions` of ``Batcher(fn, **given)``, each option checked as
+    :data:`coalesce._options.OPTIONS` says.
 
     Raises:
         ConfigurationError: An option is out of range, or ``fn`` is not an ``async
             def`` function.
     """
-    _check_function(fn, size, max_size)
+    _check_function(fn, given["size"], given["max_size"])
+    for option in on("batch"):
+        option.validate(given[option.name])
+    kept = ("max_concurrency", "max_pending", "partition", "size", "policy", "on_dispatch")
     return BatcherOptions(
         fn=fn,
-        name=name or getattr(fn, "__qualname__", None) or repr(fn),
-        limits=Limits(
-            max_items=check_int("max_items", max_items) or 1,
-            max_wait=check_seconds("max_wait", max_wait) or 0.0,
-            max_size=check_seconds(
-                "max_size", max_size, positive=True, optional=True, unit="size units"
-            ),
-        ),
-        max_concurrency=check_int("max_concurrency", max_concurrency, optional=True),
-        max_pending=check_int("max_pending", max_pending, optional=True),
-        partition=check_callable("partition", partition),
-        size=check_callable("size", size),
-        policy=policy,
-        on_dispatch=check_callable("on_dispatch", on_dispatch),
-        resolve_early=bool(resolve_early),
+        name=given["name"] or getattr(fn, "__qualname__", None) or repr(fn),
+        limits=Limits(given["max_items"], float(given["max_wait"]), given["max_size"]),
+        resolve_early=bool(given["resolve_early"]),
+        **{name: given[name] for name in kept},
     )
 
 

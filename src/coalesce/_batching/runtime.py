@@ -46,6 +46,7 @@ __all__ = [
     "at_loop_end",
     "carried_context",
     "current_runtime",
+    "current_time",
     "forward",
     "running_owner",
     "set_context",
@@ -322,6 +323,20 @@ def current_runtime(on_cancel: Callable[[Any], None]) -> Runtime:
         "coalesce needs a running asyncio or trio event loop; call it from async code"
         " (for example inside anyio.run(...) or asyncio.run(...))"
     )
+
+
+def current_time() -> float:
+    """``anyio.current_time()``: the running loop's clock. On asyncio it is read as
+    anyio reads it (``loop.time()``), without anyio's look-up of the running library
+    first; it is read often enough for that to count.
+
+    Raises:
+        RuntimeError: If no asyncio or trio event loop is running in this thread.
+    """
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        return loop.time()
+    return anyio.current_time()
 
 
 def spawn_task(fn: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None:

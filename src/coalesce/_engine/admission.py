@@ -207,7 +207,7 @@ def admission_for(
         estimator,
         output_tokens=output_tokens,
         reply_cap=options.max_output_tokens,
-        max_items=options.max_items,
+        max_items=options.most_items,
         item_cap=options.item_output_cap,
     )
 

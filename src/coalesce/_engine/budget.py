@@ -24,6 +24,9 @@ def latency_budget(seconds: float | None) -> Iterator[None]:
     budget. The budget sizes the call's wait for company and its group whether or not
     its function declared one.
 
+    Args:
+        seconds: The calls' budget, in seconds; ``None``: each function's own.
+
     Raises:
         ConfigurationError: If ``seconds`` is not a positive number or None.
     """

@@ -30,9 +30,10 @@ import anyio
 
 from .._accuracy.trust import SchemaTrust, schema_broken
 from .._batching.batcher import Resolve
+from .._batching.runtime import current_time
 from .._calls import GroupObserver, Job, RequestReport
-from .._defaults import REQUEST_TIMEOUT
 from .._exceptions import InvalidInputError, RequestTimeoutError
+from .._options import REQUEST_TIMEOUT
 from .._planning.context import is_context_error, is_limit_error
 from .._planning.cost import PackingCost
 from .._planning.planner import streaming_order
@@ -117,12 +118,10 @@ async def run_group(group: Group, jobs: list[Job], resolve: Resolve) -> None:
         size = len(pending)
         while pending:
             alone, packed = last_attempts(group, jobs, pending)
-            failed: list[int] = []
-            async with anyio.create_task_group() as tg:
-                for members in alone:  # the last attempts, each a plain call, at once
-                    tg.start_soon(ask, group, jobs, members, resolve)
-                for start in range(0, len(packed), size):
-                    failed += await ask(group, jobs, packed[start : start + size], resolve)
+            if alone:
+                failed = await _ask_with_last_attempts(group, jobs, alone, packed, size, resolve)
+            else:  # no plain call to make beside them: no task group either
+                failed = await _ask_in_turn(group, jobs, packed, size, resolve)
             pending = failed
             size = max(1, math.ceil(len(failed) / 2)) if size > 1 else 1
         for index, job in enumerate(jobs):
@@ -132,6 +131,33 @@ async def run_group(group: Group, jobs: list[Job], resolve: Resolve) -> None:
                 _give(jobs, index, error, resolve)
     finally:
         group.observer.group_done(jobs)
+
+
+async def _ask_in_turn(
+    group: Group, jobs: list[Job], packed: list[int], size: int, resolve: Resolve
+) -> list[int]:
+    """Ask for ``packed`` in requests of ``size``, one after the other; what to re-ask."""
+    failed: list[int] = []
+    for start in range(0, len(packed), size):
+        failed += await ask(group, jobs, packed[start : start + size], resolve)
+    return failed
+
+
+async def _ask_with_last_attempts(
+    group: Group,
+    jobs: list[Job],
+    alone: list[list[int]],
+    packed: list[int],
+    size: int,
+    resolve: Resolve,
+) -> list[int]:
+    """The last attempts in ``alone``, each a plain call, at once, beside ``packed``
+    asked in turn; what to re-ask (never one of the last attempts)."""
+    async with anyio.create_task_group() as tg:
+        for members in alone:
+            tg.start_soon(ask, group, jobs, members, resolve)
+        failed = await _ask_in_turn(group, jobs, packed, size, resolve)
+    return failed
 
 
 def last_attempts(
@@ -159,7 +185,7 @@ def last_attempts(
 
 def _started(jobs: Sequence[Job]) -> None:
     """Note when each job's group started to be asked (the first group that asks it)."""
-    now = anyio.current_time()
+    now = current_time()
     for job in jobs:
         if job.progress.dispatched_at is None:
             job.progress.dispatched_at = now
@@ -172,7 +198,7 @@ def packs(group: Group, size: int) -> bool:
 
 def _requests_bind(group: Group) -> bool:
     planning = group.planning
-    return planning is not None and planning.requests_bind(anyio.current_time())
+    return planning is not None and planning.requests_bind(current_time())
 
 
 async def run_plain(group: Group, jobs: list[Job], resolve: Resolve) -> None:
@@ -263,14 +289,16 @@ async def send(group: Group, asked: Asked, resolve: Resolve) -> Sent:
     early = not asked.plain and group.trust.enforced
     splitter = StreamSplitter(tuple(asked.slots), group.spec.validate) if early else None
     sent = Sent(Completion(text="", finish_reason="length"), splitter=splitter)
-    started = anyio.current_time()
-    async with anyio.create_task_group() as watch:
-        if math.isfinite(asked.deadline) and group.options.timeout is None:
+    started = current_time()
+    if math.isfinite(asked.deadline) and group.options.timeout is None:
+        async with anyio.create_task_group() as watch:
             watch.start_soon(_free_at_deadlines, asked, sent, resolve, watch.cancel_scope)
+            await _request(group, asked, sent, resolve)
+            watch.cancel_scope.cancel()
+    else:  # nobody to free before the request ends: nothing to watch
         await _request(group, asked, sent, resolve)
-        watch.cancel_scope.cancel()
     if sent.abandoned:
-        waited = anyio.current_time() - started
+        waited = current_time() - started
         sent.error = RequestTimeoutError(
             f"no reply {waited:.2f} s after the request was sent; every caller's latency"
             " budget ran out, so the request was abandoned",
@@ -292,7 +320,7 @@ async def _request(group: Group, asked: Asked, sent: Sent, resolve: Resolve) -> 
                 sent.early[event.id] = event.value
                 _deliver(asked, event.id, event.value, resolve)
 
-    started = anyio.current_time()
+    started = current_time()
     try:
         sent.completion = await complete_with_retries(
             provider,
@@ -309,7 +337,7 @@ async def _request(group: Group, asked: Asked, sent: Sent, resolve: Resolve) -> 
         sent.completion = Completion(
             text="".join(sent.parts),
             finish_reason="length",
-            seconds=anyio.current_time() - started,
+            seconds=current_time() - started,
         )
 
 
@@ -324,7 +352,7 @@ def _attempt_timeout(options: Options, deadline: float, provider: Any) -> float 
     """How long one attempt may run: the ``timeout`` option; without one, a budget's
     deadline bounds it (callers are freed then); else an SDK client with a timeout of
     its own enforces it (``None`` here: never undercut, and its timeout error is
-    retried like any other), else :data:`~coalesce._defaults.REQUEST_TIMEOUT`."""
+    retried like any other), else :data:`~coalesce._options.REQUEST_TIMEOUT`."""
     if options.timeout is not None:
         return options.timeout
     if math.isfinite(deadline) or getattr(provider, "default_timeout", None):
@@ -338,10 +366,10 @@ async def _free_at_deadlines(
     """Free each caller still waiting when its budget runs out; once none waits, stop
     the request."""
     jobs = [asked.jobs[index] for members in asked.slots.values() for index in members]
-    sent_at = anyio.current_time()
+    sent_at = current_time()
     for deadline in sorted({job.deadline for job in jobs}):
         await anyio.sleep_until(deadline)
-        now = anyio.current_time()  # a clock may round: compare deadlines, not times
+        now = current_time()  # a clock may round: compare deadlines, not times
         for members in asked.slots.values():
             for index in members:
                 job = asked.jobs[index]
@@ -421,7 +449,7 @@ def _apply(
     jobs, max_attempts = asked.jobs, group.options.max_attempts
     waiting = {i: o for i, o in outcomes.items() if _undone(asked, i)}
     attempts = {i: jobs[_undone(asked, i)[0]].attempts for i in waiting}
-    now = anyio.current_time()
+    now = current_time()
 
     def may_reask(ids: Sequence[str]) -> bool:
         plans = [jobs[index].plan for i in ids for index in _undone(asked, i)]
@@ -466,7 +494,7 @@ def _report(
         outcomes=outcomes,
         streamed=sent.streamed,
         seconds=sent.completion.seconds or 0.0,
-        now=anyio.current_time(),
+        now=current_time(),
         schema_broken=split is not None and schema_broken(split),
         contradicted=_contradicted(sent, split),
         pinned=asked.pinned,
@@ -558,5 +586,5 @@ def _writing_order(group: Group, jobs: list[Job], slots: list[list[int]]) -> lis
         for plan, slot in zip(plans, slots, strict=True)
         if plan is not None
     ]
-    order = streaming_order(items, planning.limits, planning.predict, anyio.current_time())
+    order = streaming_order(items, planning.limits, planning.predict, current_time())
     return [slots[index] for index in order]

@@ -17,6 +17,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -31,19 +32,20 @@ from .._accuracy.trust import SchemaTrust, declared_enforcement
 from .._accuracy.vote import VoteCosts
 from .._accuracy.voting import Voting
 from .._calls import GroupObserver, Job, Observers, Runner
-from .._defaults import (
-    BUDGET_WAIT_SHARE,
-    LEARNED_CAP_CEILING,
-    PROMPT_MAX_ITEMS,
-    WindowDefault,
-    cap_given,
-    shadow_given,
-)
 from .._exceptions import CoalesceWarning
 from .._observe.dispatch import DispatchListener, request_predictor
 from .._observe.listeners import StatisticsListener
 from .._observe.plain import PlainCounts, PlainListener
 from .._observe.recorder import PromptRecorder
+from .._options import (
+    BUDGET_WAIT_SHARE,
+    IN_MEMORY,
+    LEARNED_CAP_CEILING,
+    NOT_GIVEN,
+    PROMPT_MAX_ITEMS,
+    wait_for_company,
+)
+from .._paths import default_store_path
 from .._planning.context import known_output_limit
 from .._planning.cost import PackingCost, voting_pays
 from .._planning.footprint import Footprint, footprint
@@ -65,9 +67,9 @@ __all__ = [
     "Parts",
     "assemble",
     "cache_key",
+    "cap_memory",
     "declared_cache",
     "learns",
-    "shadow_rate",
 ]
 
 
@@ -127,7 +129,7 @@ def assemble(
     price and told to ``observers`` too.
 
     When the group cap is learned (:func:`learns`), every part sizes groups up to the
-    learning's ceiling, :data:`~coalesce._defaults.LEARNED_CAP_CEILING`; the shadow
+    learning's ceiling, :data:`~coalesce._options.LEARNED_CAP_CEILING`; the shadow
     guard's cap, in the dispatch policy, keeps them to what was learned.
     """
     learn = learns(spec, options)
@@ -166,7 +168,7 @@ def assemble(
     policy = ContextPolicy(admission, BudgetPolicy(planning), cap)
     parts = Parts(
         estimator, pinned, recorder, trust, planning, admission, cost, shadow,
-        partial(run_group, group), policy, statistics, dispatch, options.max_items,
+        partial(run_group, group), policy, statistics, dispatch, options.most_items,
     )  # fmt: skip
     costs = LearningCosts(cost, estimator.count, lambda: answer)
     parts.runner = _runner(parts, group, options, vote_costs, positions, costs)
@@ -182,13 +184,7 @@ def learns(spec: FunctionSpec, options: Options) -> bool:
     wording is no test of a free answer; a packed and a plain answer would seldom
     agree, and the cap would fall for nothing)."""
     comparable = options.agree is not None or not has_free_text(spec.output_schema)
-    return options.shadow > 0 and not cap_given(options.max_items) and comparable
-
-
-def shadow_rate(options: Options, learn: bool) -> float:
-    """The function's long-run shadow rate: ``shadow=`` when given; the default only
-    where the cap is learned (with ``max_items`` given, it shadows nothing)."""
-    return options.shadow if learn or shadow_given(options.shadow) else 0.0
+    return options.shadow_rate > 0 and options.max_items is NOT_GIVEN and comparable
 
 
 def _paying(cost: PackingCost, shadow: ShadowGuard | None) -> Callable[[], float]:
@@ -213,7 +209,9 @@ def _runner(
     """The group runner, with the vote and the shadow guard around it if asked for."""
     recorder = parts.recorder
     priced = parts.cost.price is not None
-    counts = recorder.part(AccuracyCounts, lambda: AccuracyCounts(options.max_items, priced=priced))
+    counts = recorder.part(
+        AccuracyCounts, lambda: AccuracyCounts(options.most_items, priced=priced)
+    )
     runner: Runner = partial(run_group, group)
     if options.vote:
         # The second orders and the settling plain calls: counted apart, they save nothing.
@@ -271,12 +269,12 @@ def _packing_cost(spec: FunctionSpec, options: Options, pinned: Footprint) -> Pa
     cost = PackingCost(
         pinned,
         price_of(spec.model, options.prices),
-        options.max_items,
+        options.most_items,
         declared_cache(spec),
         auto=options.packing == "auto",
     )
-    if cost.smallest is None and options.max_items > 1:  # 1: packing is off anyway
-        _warn_packing_cannot_pay(spec, pinned, options.max_items)
+    if cost.smallest is None and options.most_items > 1:  # 1: packing is off anyway
+        _warn_packing_cannot_pay(spec, pinned, options.most_items)
     return cost
 
 
@@ -286,28 +284,39 @@ def _shadow_guard(
     """The function's shadow guard, if it asked for one (``shadow=``) and packs.
 
     A learned cap starts where the function's memory says, else at the safe cap
-    (:data:`~coalesce._defaults.PROMPT_MAX_ITEMS`), or at the smallest group packing
+    (:data:`~coalesce._options.PROMPT_MAX_ITEMS`), or at the smallest group packing
     pays for if that is larger (smaller groups go as plain calls, and teach nothing).
     """
-    rate = shadow_rate(options, learn)
-    if rate <= 0 or options.max_items < 2:
+    # The default long-run rate applies only where the cap is learned; a given one, everywhere.
+    rate = options.shadow_rate if learn or options.shadow is not NOT_GIVEN else 0.0
+    if rate <= 0 or options.most_items < 2:
         return None
     memory = start = None
     if learn:
-        memory = CapMemory.for_key(cache_key(spec), spec.model)
-        start = max(int(PROMPT_MAX_ITEMS), pays_from or 0)
+        memory = cap_memory(spec, options.store)
+        start = max(PROMPT_MAX_ITEMS, pays_from or 0)
     return ShadowGuard(
         rate,
         options.min_agreement,
-        options.max_items,
+        options.most_items,
         options.agree,
         learn=learn,
         start=start,
         memory=memory,
         name=spec.name,
         budget=LearningBudget() if learn else None,
-        rate_budgeted=not shadow_given(options.shadow),
+        rate_budgeted=options.shadow is NOT_GIVEN,
     )
+
+
+def cap_memory(spec: FunctionSpec, store: Any) -> CapMemory | None:
+    """Where the function's learned cap is kept: ``caps/`` beside the job store
+    (``store=``: a path or a job store; ``None``: ``$COALESCE_STORE``, else the user data
+    directory), or nowhere on disk when the store is ``":memory:"``."""
+    path = getattr(store, "path", store) or default_store_path()
+    if str(path) == IN_MEMORY:
+        return None
+    return CapMemory.for_key(cache_key(spec), spec.model, Path(path).expanduser().parent / "caps")
 
 
 def declared_cache(spec: FunctionSpec) -> PromptCache | None:
@@ -358,7 +367,7 @@ def _planning(
     waits ``max_wait``, the default short window, unplanned).
 
     ``max_wait`` left at its default, a call with a budget waits for company up to a
-    quarter of it (:data:`~coalesce._defaults.BUDGET_WAIT_SHARE`), and never less than
+    quarter of it (:data:`~coalesce._options.BUDGET_WAIT_SHARE`), and never less than
     the default window; a ``max_wait`` given is every call's wait.
 
     ``early_answers``: streamed answers are handed over as each completes (the provider
@@ -367,11 +376,10 @@ def _planning(
     a cold start holds nothing, and a cold start probes unless the prior admits a group
     that large.
     """
-    default = isinstance(options.max_wait, WindowDefault)
     limits = PlanLimits(
-        max_items=options.max_items,
-        max_wait=float(options.max_wait),
-        budget_share=BUDGET_WAIT_SHARE if default else None,
+        max_items=options.most_items,
+        max_wait=wait_for_company(options.max_wait, None),  # with no budget
+        budget_share=BUDGET_WAIT_SHARE if options.max_wait is NOT_GIVEN else None,
         shared_tokens=pinned.shared,
         max_output_tokens=_output_limit(spec.model, options.max_output_tokens),
         per_item_overhead_tokens=pinned.item_frame,

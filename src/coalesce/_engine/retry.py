@@ -38,6 +38,9 @@ __all__ = [
 BACKOFF_BASE = 0.5
 BACKOFF_CAP = 8.0
 
+#: The jitter's random source when a request is given none (seeded once, not per request).
+_JITTER = random.Random()
+
 
 def backoff_delay(
     attempt: int, unit: float, *, base: float = BACKOFF_BASE, cap: float = BACKOFF_CAP
@@ -175,7 +178,23 @@ async def complete_with_retries(
         raise ConfigurationError(f"max_attempts must be >= 1, got {max_attempts}")
     if attempt_timeout is not None and not attempt_timeout > 0:
         raise ConfigurationError(f"attempt_timeout must be > 0, got {attempt_timeout}")
-    state = _Attempts(provider, max_attempts, deadline, rng or random.Random(), on_retry)
+    state = _Attempts(provider, max_attempts, deadline, rng or _JITTER, on_retry)
+    sink = state.text_sink(on_text)
+    # The first attempt is made as tenacity would make it; only once it fails does
+    # tenacity take over, its first attempt raising that failure again (the same
+    # decisions, waits and reports, without building a retry loop for every request).
+    try:
+        return await _attempt(provider, request, sink, deadline, attempt_timeout)
+    except Exception as exc:
+        first: Exception | None = exc
+
+    async def again() -> Completion:
+        nonlocal first
+        if first is not None:
+            failed, first = first, None
+            raise failed
+        return await _attempt(provider, request, sink, deadline, attempt_timeout)
+
     retrying = AsyncRetrying(
         retry=state.decide,
         wait=state.wait_for,
@@ -183,10 +202,7 @@ async def complete_with_retries(
         sleep=sleep,
         reraise=True,
     )
-    sink = state.text_sink(on_text)
-    result: Completion = await retrying(
-        _attempt, provider, request, sink, deadline, attempt_timeout
-    )
+    result: Completion = await retrying(again)
     return result
 
 
@@ -200,9 +216,10 @@ async def _attempt(
     # The deadline only decides whether a retry may start: a latency budget is a
     # planning target, and an answer a little late beats an error for every caller
     # of the request. A hard stop is the client's own timeout (or attempt_timeout).
+    if attempt_timeout is None:  # no limit: no cancel scope either
+        return await provider.complete(request, on_text)
     with anyio.move_on_after(attempt_timeout):
         return await provider.complete(request, on_text)
-    assert attempt_timeout is not None
     raise RequestTimeoutError(
         f"no reply from the provider within the {attempt_timeout:g} s timeout;"
         " raise timeout= if the provider is slow, or check that it is up",

@@ -20,11 +20,12 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from .._observe.events import logger
 from .lines import LineOutcome, as_json, read_anthropic_result
 from .records import BatchJob
-from .results import CREATE_BACKOFF, JobOutcome, Poll, Progress, record_job
+from .results import CREATE_BACKOFF, JobOutcome, Poll, Progress, poll_batch, record_job
 from .resume import Owns, Steps, resume_jobs
 from .store import JobStore
 
@@ -52,15 +53,19 @@ async def submit(store: JobStore, client: Any, job: BatchJob, poll: Poll | None 
 
 async def _create(client: Any, requests: list[Any]) -> str:
     """Create the batch; a 429 (nothing was created) is retried after a backoff."""
-    delays = CREATE_BACKOFF.delays()
-    for attempt in range(1, CREATE_ATTEMPTS + 1):
-        try:
-            return str((await client.messages.batches.create(requests=requests)).id)
-        except Exception as exc:
-            if getattr(exc, "status_code", None) != 429 or attempt == CREATE_ATTEMPTS:
-                raise
-        await anyio.sleep(delays())
-    raise AssertionError("unreachable")  # pragma: no cover
+
+    async def create() -> str:  # a coroutine function: the SDK's methods may not look like one
+        return str((await client.messages.batches.create(requests=requests)).id)
+
+    retrying = AsyncRetrying(
+        retry=retry_if_exception(lambda exc: getattr(exc, "status_code", None) == 429),
+        stop=stop_after_attempt(CREATE_ATTEMPTS),
+        wait=CREATE_BACKOFF.wait(),
+        sleep=anyio.sleep,
+        reraise=True,
+    )
+    batch_id: str = await retrying(create)
+    return batch_id
 
 
 async def _find(
@@ -107,16 +112,7 @@ def progress(batch: Any) -> Progress:
 
 async def wait(client: Any, batch_id: str, poll: Poll | None = None) -> Any:
     """Poll the batch, with backoff, until it has ended; the ended batch."""
-    delays = (poll or Poll()).delays()
-    while True:
-        batch = await client.messages.batches.retrieve(batch_id)
-        seen = progress(batch)
-        if seen.final:
-            logger.log(logging.INFO, "batch %s: %s", batch_id, seen)
-            return batch
-        delay = delays()
-        logger.log(logging.DEBUG, "batch %s: %s; next poll in %.0f s", batch_id, seen, delay)
-        await anyio.sleep(delay)
+    return await poll_batch(batch_id, client.messages.batches.retrieve, progress, poll)
 
 
 async def _results(client: Any, batch_id: str) -> list[LineOutcome]:

@@ -16,8 +16,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
-from coalesce._lanes.paths import default_store_path
 from coalesce._lanes.schema import connect
+from coalesce._paths import default_store_path
 
 __all__ = ["StoreConnection"]
 

@@ -10,7 +10,7 @@ A refusal for capacity is not retried by the group runner (its retries are secon
 apart, and the capacity comes back in minutes): :class:`FlexProvider` marks both
 refusals as not retryable so that the runner hands them back at once, and
 :func:`flex_refused` recognises them. The lane router then asks the call in flex
-again after a backoff (:func:`flex_backoff`), while its budget still allows flex
+again after a backoff (:data:`FLEX_BACKOFF`), while its budget still allows flex
 (:func:`~coalesce._lanes.choose.flex_again`), and otherwise in real time, at list
 price, with what is left of its budget. A model without flex goes to real time at once.
 """
@@ -20,13 +20,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from tenacity import wait_exponential
+
 from ..providers import Completion, CompletionRequest, RetryAdvice
 
 __all__ = [
+    "FLEX_BACKOFF",
     "FLEX_TIMEOUT",
     "FLEX_UNAVAILABLE",
     "FlexProvider",
-    "flex_backoff",
     "flex_refused",
     "flex_unsupported",
 ]
@@ -37,16 +39,10 @@ FLEX_TIMEOUT = 15 * 60.0
 #: The error code of a flex request refused for lack of capacity.
 FLEX_UNAVAILABLE = "resource_unavailable"
 
-#: The first wait before a call flex refused is asked in flex again, and the longest
-#: (the wait doubles after each refusal): capacity comes back in minutes.
-_FLEX_BACKOFF = (30.0, 300.0)
-
-
-def flex_backoff(refusals: int) -> float:
-    """Seconds to wait before asking flex again after its ``refusals``-th refusal of a
-    call (1 for the first): 30 s, doubling, at most 5 minutes."""
-    first, longest = _FLEX_BACKOFF
-    return min(longest, first * 2.0 ** (max(1, refusals) - 1))
+#: The wait before a call flex refused is asked in flex again, as tenacity's strategy
+#: (by the refusals so far): 30 s after the first, doubling, at most 5 minutes, since
+#: capacity comes back in minutes.
+FLEX_BACKOFF = wait_exponential(multiplier=30.0, exp_base=2.0, max=300.0)
 
 
 def _error_fields(error: BaseException) -> tuple[int | None, Mapping[str, Any]]:

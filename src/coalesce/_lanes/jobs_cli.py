@@ -26,7 +26,6 @@ from typing import Any
 
 import anyio
 
-from coalesce._defaults import MAX_ATTEMPTS
 from coalesce._exceptions import ConfigurationError
 from coalesce._lanes.jobs_live import (
     PROGRAM_HINT,
@@ -45,10 +44,11 @@ from coalesce._lanes.jobs_live import (
     resume_job,
     wait_job,
 )
-from coalesce._lanes.paths import default_store_path
 from coalesce._lanes.records import BatchJob, JobSummary, Provider, StoredItem
 from coalesce._lanes.results import POLL_INTERVAL
 from coalesce._lanes.store import JobStore
+from coalesce._options import MAX_ATTEMPTS
+from coalesce._paths import default_store_path
 
 __all__ = [
     "BROKEN_PIPE",

@@ -30,7 +30,7 @@ import anyio
 from coalesce._exceptions import ConfigurationError
 from coalesce._lanes import anthropic_jobs, openai_jobs
 from coalesce._lanes.records import BatchJob, Provider, StoredLine
-from coalesce._lanes.results import JobOutcome, Poll, Progress, follow_up_line
+from coalesce._lanes.results import JobOutcome, Poll, Progress, follow_up_line, poll_until
 from coalesce._lanes.store import JobStore
 from coalesce._observe.savings import lane_cost
 from coalesce._pricing import price_for
@@ -285,15 +285,14 @@ def json_value(value: Any) -> Any:
 
 async def watch(conn: Connection, batch_id: str, poll: Poll, display: Display) -> Any:
     """Poll the batch, with backoff, showing each answer, until it is final; the batch."""
-    delays = poll.delays()
+
+    async def look() -> Any:
+        batch = await conn.api.retrieve(conn.client, batch_id)
+        display.show(conn.api.progress(batch))
+        return batch
+
     try:
-        while True:
-            batch = await conn.api.retrieve(conn.client, batch_id)
-            progress = conn.api.progress(batch)
-            display.show(progress)
-            if progress.final:
-                return batch
-            await anyio.sleep(delays())
+        return await poll_until(look, lambda batch: conn.api.progress(batch).final, poll)
     finally:
         display.close()
 

@@ -20,6 +20,7 @@ import logging
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from functools import partial
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -35,8 +36,8 @@ from .._wire.plain import plain_request
 from ..providers import CompletionRequest, Usage
 from . import anthropic_jobs, openai_jobs
 from .lines import ANTHROPIC_LIMITS, OPENAI_LIMITS, anthropic_request, chunk, openai_line
-from .records import BatchJob, ItemRow, PlannedLine
-from .results import JobOutcome, LineUsage, Poll, plain_custom_id
+from .records import BatchJob, ItemRow, PlannedLine, StoredItem
+from .results import JobOutcome, LineUsage, Poll, plain_custom_id, poll_until
 from .resume import Owns
 from .store import JobStore
 
@@ -339,13 +340,13 @@ class BatchLane:
         return PlannedLine(custom_id, build(custom_id, arguments), [row.key for row in rows])
 
     async def _answer(self, rows: Sequence[ItemRow], resolve: Resolve) -> None:
-        delays = (self.poll or Poll()).delays()
+        poll = self.poll or Poll()
         # One read for the window's items (one worker-thread hop, not one per item).
         found = await anyio.to_thread.run_sync(self.store.get_many, [row.key for row in rows])
         for index, (row, stored) in enumerate(zip(rows, found, strict=True)):
-            while stored is not None and stored.state == "assigned":  # in another window's job
-                await anyio.sleep(delays())
-                stored = await anyio.to_thread.run_sync(self.store.get, row.key)
+            if _assigned(stored):  # in another window's job: read again until it is not
+                read = partial(anyio.to_thread.run_sync, self.store.get, row.key)
+                stored = await poll_until(read, _unassigned, poll)
             if stored is not None and stored.state == "done":
                 resolve(index, self.spec.validate(stored.result))
             else:
@@ -360,3 +361,11 @@ class BatchLane:
                         attempts=self.max_attempts,
                     ),
                 )
+
+
+def _assigned(stored: StoredItem | None) -> bool:
+    return stored is not None and stored.state == "assigned"
+
+
+def _unassigned(stored: StoredItem | None) -> bool:
+    return not _assigned(stored)

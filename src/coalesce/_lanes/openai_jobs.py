@@ -28,14 +28,24 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import anyio
+from tenacity import AsyncRetrying, retry_if_result
 
 from .._observe.events import logger
 from .lines import LineOutcome, jsonl, read_openai_line
 from .records import JOB_METADATA_KEY, BatchJob
-from .results import CREATE_BACKOFF, JobOutcome, Poll, Progress, record_job
+from .results import (
+    CREATE_BACKOFF,
+    JobOutcome,
+    Poll,
+    Progress,
+    poll_batch,
+    poll_until,
+    record_job,
+)
 from .resume import Owns, Steps, resume_jobs
 from .store import JobStore
 
@@ -84,7 +94,7 @@ async def submit(store: JobStore, client: Any, job: BatchJob, poll: Poll | None 
         batch_id = await _create(store, client, job, file_id)
     elif job.provider_batch_id is None:
         await anyio.to_thread.run_sync(store.mark_submitted, job.id, batch_id)
-    return await _validated(store, client, job, batch_id, (poll or Poll()).delays())
+    return await _validated(store, client, job, batch_id, poll or Poll())
 
 
 async def _create(store: JobStore, client: Any, job: BatchJob, file_id: str) -> str:
@@ -100,32 +110,47 @@ async def _create(store: JobStore, client: Any, job: BatchJob, file_id: str) -> 
     return str(batch.id)
 
 
-async def _validated(
-    store: JobStore, client: Any, job: BatchJob, batch_id: str, delays: Callable[[], float]
-) -> str:
+async def _validated(store: JobStore, client: Any, job: BatchJob, batch_id: str, poll: Poll) -> str:
     """Wait for the batch to pass validation; one refused for the enqueued-token limit
-    is created again after a backoff (the queue drains as other batches finish)."""
-    backoff = CREATE_BACKOFF.delays()
-    for attempt in range(1, CREATE_ATTEMPTS + 1):
-        batch = await client.batches.retrieve(batch_id)
-        while batch.status == "validating":
-            delay = delays()
-            logger.log(logging.DEBUG, "batch %s: validating; next poll in %.0f s", batch_id, delay)
-            await anyio.sleep(delay)
-            batch = await client.batches.retrieve(batch_id)
-        if not token_refused(batch) or attempt == CREATE_ATTEMPTS:
-            return batch_id
+    is created again after a backoff (the queue drains as other batches finish), up to
+    :data:`CREATE_ATTEMPTS` creates in all. The id of the job's batch."""
+    batch_ids: list[str] = [batch_id]
+    refused: list[Any] = []  # the batch the limit refused, until it is created again
+
+    async def created() -> bool:
+        """One create's batch past validation; whether it must be created again."""
+        if refused:  # the backoff has passed: create the refused batch again
+            batch_ids.append(await _create(store, client, job, str(refused.pop().input_file_id)))
+        current = batch_ids[-1]
+
+        def waiting(_: Any, delay: float) -> None:
+            logger.log(logging.DEBUG, "batch %s: validating; next poll in %.0f s", current, delay)
+
+        retrieve = partial(client.batches.retrieve, current)
+        batch = await poll_until(retrieve, _past_validation, poll, waiting)
+        if not token_refused(batch) or len(batch_ids) == CREATE_ATTEMPTS:
+            return False
         logger.log(
             logging.INFO,
             "batch job %s: batch %s refused for the enqueued-token limit; creating it again",
             job.id,
-            batch_id,
+            current,
         )
-        if not await anyio.to_thread.run_sync(store.mark_refused, job.id, batch_id):
-            return await _current_batch(store, job.id, batch_id)
-        await anyio.sleep(backoff())
-        batch_id = await _create(store, client, job, str(batch.input_file_id))
-    return batch_id
+        if not await anyio.to_thread.run_sync(store.mark_refused, job.id, current):
+            batch_ids.append(await _current_batch(store, job.id, current))
+            return False
+        refused.append(batch)
+        return True
+
+    backoff = AsyncRetrying(
+        retry=retry_if_result(bool), wait=CREATE_BACKOFF.wait(), sleep=anyio.sleep
+    )
+    await backoff(created)
+    return batch_ids[-1]
+
+
+def _past_validation(batch: Any) -> bool:
+    return bool(batch.status != "validating")
 
 
 async def _current_batch(store: JobStore, job_id: str, refused: str) -> str:
@@ -167,16 +192,7 @@ async def _find(client: Any, job_id: str) -> str | None:
 
 async def wait(client: Any, batch_id: str, poll: Poll | None = None) -> Any:
     """Poll the batch, with backoff, until it is final; the final batch object."""
-    delays = (poll or Poll()).delays()
-    while True:
-        batch = await client.batches.retrieve(batch_id)
-        seen = progress(batch)
-        if seen.final:
-            logger.log(logging.INFO, "batch %s: %s", batch_id, seen)
-            return batch
-        delay = delays()
-        logger.log(logging.DEBUG, "batch %s: %s; next poll in %.0f s", batch_id, seen, delay)
-        await anyio.sleep(delay)
+    return await poll_batch(batch_id, client.batches.retrieve, progress, poll)
 
 
 async def collect(

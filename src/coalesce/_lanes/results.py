@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from functools import partial
+from typing import Any, NamedTuple, TypeVar
 
 import anyio
+from tenacity import AsyncRetrying, RetryCallState, retry_if_result, wait_exponential
 
-from .. import _defaults
+from .. import _options
 from .._observe.events import logger
 from .._wire.outcomes import Split
 from .._wire.packing import make_ids, split_reply
@@ -38,6 +40,8 @@ __all__ = [
     "follow_up_line",
     "plain_custom_id",
     "plain_reading",
+    "poll_batch",
+    "poll_until",
     "record_job",
     "record_lines",
     "split_line",
@@ -46,10 +50,12 @@ __all__ = [
 #: How a plain line's reply reads, by the mark ending its ``custom_id``.
 _PLAIN_MARKS = {"-pt": "text", "-pw": "wrapped", "-po": "object"}
 
+T = TypeVar("T")
+
 
 #: The longest wait, in seconds, between two polls of a batch (``poll_interval=``, and
 #: ``coalesce jobs --poll``).
-POLL_INTERVAL = _defaults.POLL_INTERVAL
+POLL_INTERVAL = _options.POLL_INTERVAL
 
 #: The first wait between two polls, when the longest allows it.
 _FIRST_POLL = 5.0
@@ -58,7 +64,7 @@ _FIRST_POLL = 5.0
 @dataclass(frozen=True)
 class Poll:
     """How often to ask about a batch: from ``first`` seconds, times ``factor`` after
-    each answer that is not final, up to ``longest``."""
+    each answer that is not final, up to ``longest`` (``first`` too)."""
 
     first: float = _FIRST_POLL
     factor: float = 1.5
@@ -69,16 +75,74 @@ class Poll:
         """Polls from 5 s (or ``longest`` if shorter), backing off by 1.5 up to ``longest``."""
         return cls(first=min(_FIRST_POLL, longest), longest=longest)
 
-    def delays(self) -> Callable[[], float]:
-        """A fresh sequence of delays."""
-        state = [self.first]
+    def wait(self) -> wait_exponential:
+        """The waits as tenacity's strategy: ``first · factorⁿ⁻¹`` after the n-th answer,
+        at most ``longest``."""
+        return wait_exponential(multiplier=self.first, exp_base=self.factor, max=self.longest)
 
-        def next_delay() -> float:
-            delay = state[0]
-            state[0] = min(self.longest, delay * self.factor)
-            return delay
 
-        return next_delay
+async def poll_until(
+    ask: Callable[[], Awaitable[T]],
+    final: Callable[[T], bool],
+    poll: Poll,
+    on_wait: Callable[[T, float], None] | None = None,
+) -> T:
+    """``ask()`` until ``final`` says its answer is, waiting ``poll``'s waits between
+    (tenacity's ``AsyncRetrying``, sleeping through ``anyio`` so virtual clocks apply).
+
+    Args:
+        ask: One look (a batch retrieved, a row read).
+        final: Whether an answer ends the polling.
+        poll: The waits.
+        on_wait: Told each answer that was not final and the wait that follows it.
+
+    Returns:
+        The final answer. An error of ``ask`` ends the polling, unchanged.
+    """
+
+    def waiting(state: RetryCallState) -> None:
+        if on_wait is not None and state.outcome is not None and state.next_action:
+            on_wait(state.outcome.result(), state.next_action.sleep)
+
+    async def look() -> T:  # tenacity 9 awaits only what is a coroutine function
+        return await ask()
+
+    retrying = AsyncRetrying(
+        retry=retry_if_result(lambda answer: not final(answer)),
+        wait=poll.wait(),
+        before_sleep=waiting,
+        sleep=anyio.sleep,
+    )
+    answer: T = await retrying(look)
+    return answer
+
+
+async def poll_batch(
+    batch_id: str,
+    retrieve: Callable[[str], Awaitable[Any]],
+    progress: Callable[[Any], Progress],
+    poll: Poll | None = None,
+) -> Any:
+    """Poll a batch, with backoff, until it is final; the final batch. Each poll is
+    logged at ``DEBUG``, the end at ``INFO``.
+
+    Args:
+        batch_id: The provider's id of the batch.
+        retrieve: The SDK's method that reads a batch by its id.
+        progress: The provider's reading of a batch.
+        poll: The waits (default: :class:`Poll`'s).
+    """
+
+    def waiting(batch: Any, delay: float) -> None:
+        seen = progress(batch)
+        logger.log(logging.DEBUG, "batch %s: %s; next poll in %.0f s", batch_id, seen, delay)
+
+    def final(batch: Any) -> bool:
+        return progress(batch).final
+
+    batch = await poll_until(partial(retrieve, batch_id), final, poll or Poll(), waiting)
+    logger.log(logging.INFO, "batch %s: %s", batch_id, progress(batch))
+    return batch
 
 
 #: The waits before a batch refused for the enqueued-token limit is created again: the

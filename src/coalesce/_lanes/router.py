@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any
 
 import anyio
+from tenacity import AsyncRetrying, RetryCallState
 
 from .._calls import Carried, GroupObserver, Job
 from .._engine.engine import Engine
@@ -31,7 +32,7 @@ from .._exceptions import ConfigurationError
 from .._observe.listeners import StatisticsListener
 from ..providers._client import as_provider
 from .choose import Lane, LaneTimes, check_lane, choose_lane, flex_again
-from .flex import FLEX_TIMEOUT, FlexProvider, flex_backoff, flex_refused, flex_unsupported
+from .flex import FLEX_BACKOFF, FLEX_TIMEOUT, FlexProvider, flex_refused, flex_unsupported
 from .lane import BatchLane
 from .results import Poll
 from .resume import Owns
@@ -82,22 +83,23 @@ class LaneRouter:
         chosen = choose_lane(lane, self.engine.budget_of(budget), self.lanes, self.times)
         return Lane.REALTIME if chosen not in self.lanes else chosen
 
-    async def submit(
+    def submit(
         self,
         item: Any,
         *,
         budget: float | None = None,
         partition: Hashable = None,
         lane: str | None = None,
-    ) -> Any:
-        """One call: ``item``'s own validated output, from the lane its budget allows
-        (``lane``: the lane it asks for, else the function's ``lane=``)."""
+    ) -> Awaitable[Any]:
+        """One call: what to await for ``item``'s own validated output, from the lane its
+        budget allows (``lane``: the lane it asks for, else the function's ``lane=``).
+        The lane is chosen now; the lane's own awaitable is returned (no coroutine more)."""
         chosen = self.lane_for(lane, budget)
         if chosen is Lane.BATCH:
-            return await self.batch_lane().submit(item)
+            return self.batch_lane().submit(item)
         if chosen is Lane.FLEX:
-            return await self.flex(item, budget=budget, partition=partition)
-        return await self.engine.submit(item, budget=budget, partition=partition)
+            return self.flex(item, budget=budget, partition=partition)
+        return self.engine.call(item, budget=budget, partition=partition)
 
     async def flex(
         self,
@@ -125,26 +127,45 @@ class LaneRouter:
         budget. ``carried`` learns the requests of every lane and the one that answered;
         ``told`` each new job."""
         carried.lane = "flex"
-        refusals, deadline = 0, job.deadline
-        while True:
-            try:
-                return await flex.ask(job, carried)
-            except Exception as exc:
-                if not flex_refused(exc):
-                    raise
-                if flex_unsupported(exc):
-                    self.lanes = self.lanes - {Lane.FLEX}  # not asked again
-                left, refusals = deadline - anyio.current_time(), refusals + 1
-                delay = flex_backoff(refusals)
-                if flex_unsupported(exc) or not flex_again(left, delay, refusals, self.times):
-                    if not self.engine.in_time(job, left):
-                        raise
-                    break
-            self.engine.recorder.flex_retried()
-            await anyio.sleep(delay)
-            job = flex.new_job(job.item, budget=_budget(deadline), partition=job.partition)
-            told(job, "flex")
-        return await self._realtime_after_flex(job, carried, left, told)
+        deadline, jobs, left = job.deadline, [job], [math.inf]
+
+        def again(state: RetryCallState) -> bool:
+            """tenacity's ``retry``: after a refusal for capacity, while the budget allows."""
+            error = state.outcome.exception() if state.outcome else None
+            if not isinstance(error, Exception) or not flex_refused(error):
+                return False
+            left[0] = deadline - anyio.current_time()
+            if flex_unsupported(error):
+                self.lanes = self.lanes - {Lane.FLEX}  # not asked again
+                return False
+            return flex_again(left[0], FLEX_BACKOFF(state), state.attempt_number, self.times)
+
+        def renew(state: RetryCallState) -> None:
+            """Each attempt after the first is a new job, with what is left of the budget."""
+            if state.attempt_number > 1:
+                again_job = flex.new_job(
+                    job.item, budget=_budget(deadline), partition=job.partition
+                )
+                jobs.append(again_job)
+                told(again_job, "flex")
+
+        retrying = AsyncRetrying(
+            retry=again,
+            wait=FLEX_BACKOFF,
+            before=renew,
+            before_sleep=lambda _: self.engine.recorder.flex_retried(),
+            sleep=anyio.sleep,
+        )
+
+        async def ask() -> Any:
+            return await flex.ask(jobs[-1], carried)
+
+        try:
+            return await retrying(ask)
+        except Exception as exc:
+            if not flex_refused(exc) or not self.engine.in_time(jobs[-1], left[0]):
+                raise
+        return await self._realtime_after_flex(jobs[-1], carried, left[0], told)
 
     async def _realtime_after_flex(
         self, job: Job, carried: Carried, left: float, told: OnJob
@@ -204,7 +225,7 @@ class LaneRouter:
                 spec,
                 store,
                 window=options.batch_window,
-                per_line=options.max_items,
+                per_line=options.most_items,
                 max_attempts=options.max_attempts,
                 pays_from=lambda: engine.pays_from,
                 poll=Poll.every(_poll_interval(options)),

@@ -48,7 +48,7 @@ class JobStore(JobWrites, LineWrites, JobQueries, ItemTable):
     (:class:`~coalesce._lanes.job_queries.JobQueries`).
 
     Args:
-        path: The store file; :func:`~coalesce._lanes.paths.default_store_path` when
+        path: The store file; :func:`~coalesce._paths.default_store_path` when
             omitted. Parent directories are created.
         clock: Wall-clock seconds for ``created_at``/``updated_at`` (``time.time``).
 

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Protocol
 
-import anyio
-
 from .._batching.policy import DispatchReason
+from .._batching.runtime import current_time
 from .._batching.stats import BatcherStatistics
 from .._calls import Job
 from .._planning.planner import PlanItem, group_tokens
@@ -72,13 +71,14 @@ class DispatchListener:
             # Sized as the planner sizes them now (what replies taught since they came).
             plans = [planning.sized(job.plan, job.partition) for job in jobs if job.plan]
             predict = request_predictor(planning)
-            predicted = predict(plans)
+            # The group's prediction is for its event only: made when someone listens.
+            predicted = predict(plans) if self.recorder.events.watched() else None
             if reason is DispatchReason.SOLO:  # as the planner predicted it, alone
                 for plan in plans:
                     alone, budget = predict([plan]), plan.deadline - plan.arrival
                     if alone > budget:  # not one that waited (a hold) and is now late
                         self.recorder.unmeetable(alone, budget)
-        left = min((job.deadline for job in jobs), default=math.inf) - anyio.current_time()
+        left = min((job.deadline for job in jobs), default=math.inf) - current_time()
         number = self.recorder.dispatched(
             reason, len(jobs), predicted=predicted, time_left=left if math.isfinite(left) else None
         )

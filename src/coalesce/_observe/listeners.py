@@ -29,6 +29,9 @@ from .recorder import PromptRecorder
 
 __all__ = ["StatisticsListener", "UsageShare", "UsageShares", "apportion", "split_usage"]
 
+#: ``json.dumps(value, ensure_ascii=False, separators=(",", ":"))``, one encoder for all.
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
 
 @dataclass(frozen=True)
 class _Sent:
@@ -70,17 +73,19 @@ class StatisticsListener:
         self.cache = cache
         self.unpinned = unpinned or footprint
         self.dispatch = dispatch
-        self._requests: dict[Job, list[str]] = {}  # per call followed: its requests
+        # Per call followed: its requests (none yet: an empty tuple, made a list on the
+        # first, so that a call waiting for its first request holds no list).
+        self._requests: dict[Job, Sequence[str]] = {}
         self._sent: dict[Job, _Sent] = {}  # per request in flight, by its first call
 
     def follow(self, job: Job) -> None:
         """Name the requests that carry ``job`` until :meth:`requests_of` hands them over."""
-        self._requests[job] = []
+        self._requests[job] = ()
 
     def requests_of(self, job: Job) -> list[str]:
         """The requests that carried ``job`` so far, in order; it is no longer followed
         (its caller has finished: a later request does not name it)."""
-        return self._requests.pop(job, [])
+        return list(self._requests.pop(job, ()))
 
     def request_sent(self, slots: Mapping[str, Sequence[Job]], reask: bool) -> None:
         """Count a request as it is sent (so counts are exact while replies stream);
@@ -88,11 +93,12 @@ class StatisticsListener:
         number = self.recorder.request_sent(len(slots), reask=reask)
         name = f"#{number}"
         self._sent[_first(slots)] = _Sent(name, *self._dispatched(slots))
+        requests = self._requests
         for jobs in slots.values():
             for job in jobs:
-                names = self._requests.get(job)
+                names = requests.get(job)
                 if names is not None:
-                    names.append(name)
+                    requests[job] = [*names, name]
 
     def request_done(self, report: RequestReport) -> None:
         """Record one request: its tokens and cost, or its failure."""
@@ -161,7 +167,8 @@ class StatisticsListener:
         if dispatched is None:
             return 0, None
         plans = [jobs[0].plan for jobs in slots.values()]
-        if dispatched.predict is None or None in plans:
+        # The prediction labels the request's event: made only when someone listens.
+        if dispatched.predict is None or None in plans or not self.recorder.events.watched():
             return dispatched.group, None
         return dispatched.group, dispatched.predict([plan for plan in plans if plan is not None])
 
@@ -170,11 +177,12 @@ class StatisticsListener:
         (the provider's reply id, when it gave one)."""
         sent = self._sent.pop(_first(report.slots), None)
         request_id = report.request_id or ("" if sent is None else sent.name)
+        requests = self._requests
         for jobs in report.slots.values():
             for job in jobs:
-                names = self._requests.get(job)
+                names = requests.get(job)
                 if names:
-                    names[-1] = request_id
+                    requests[job] = [*names[:-1], request_id]
         group, predicted = (0, None) if sent is None else (sent.group, sent.predicted)
         return RequestLabel(request_id, group, report.attempt, predicted, plain=report.plain)
 
@@ -193,14 +201,30 @@ class UsageShare:
         completion_tokens: Its share of their completion tokens.
         reply: What the provider said about the last reply that carried it (id, model).
         reply_id: Its id in that request.
-        finished: Set once its group is done and the share final.
     """
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     reply: Mapping[str, Any] = field(default_factory=dict)
     reply_id: str = ""
-    finished: anyio.Event = field(default_factory=anyio.Event)
+    _final: bool = field(default=False, repr=False)
+    _finished: anyio.Event | None = field(default=None, repr=False)
+
+    @property
+    def finished(self) -> anyio.Event:
+        """Set once its group is done and the share final (made when first asked for:
+        only a streamed caller waits for it)."""
+        if self._finished is None:
+            self._finished = anyio.Event()
+            if self._final:
+                self._finished.set()
+        return self._finished
+
+    def finish(self) -> None:
+        """The share is final: set :attr:`finished`."""
+        self._final = True
+        if self._finished is not None:
+            self._finished.set()
 
 
 class UsageShares(NoObserver):
@@ -253,10 +277,10 @@ class UsageShares(NoObserver):
         for job in jobs:
             share = self._shares.pop(job, None)
             if share is not None:
-                share.finished.set()
+                share.finish()
 
     def _count(self, value: Any) -> int:
-        return self._estimator.count(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+        return self._estimator.count(_COMPACT.encode(value))
 
     def _answer_tokens(self, outcome: Any) -> int:
         if isinstance(outcome, ItemFailure):

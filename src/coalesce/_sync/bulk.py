@@ -198,8 +198,7 @@ class MapCall(Generic[R]):
 
     def __repr__(self) -> str:
         return (
-            f"<coalesce map of {self.total} {self.label} calls,"
-            f" {self._limit()} in flight at most>"
+            f"<coalesce map of {self.total} {self.label} calls, {self._limit()} in flight at most>"
         )
 
 

@@ -1,7 +1,7 @@
 """Progress of a long :meth:`~coalesce.PromptFunction.map`: a bar on a terminal.
 
 ``progress=True`` draws a bar on standard error when it is a terminal (rich's, if rich
-is installed, else a plain line rewritten in place) and nothing otherwise, so that
+is installed, as the ``progress`` extra does, else a plain line rewritten in place) and nothing otherwise, so that
 logs and CI output stay clean; ``progress="always"`` draws it anyway (a plain line per
 tenth done where standard error is not a terminal).
 """

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeVar
 
@@ -146,8 +146,14 @@ def read_result(found: Found) -> Occurrence | None:
             if found.key is not None:
                 return Occurrence(found.key, text, False, "\x00malformed " + text)
             return _read_malformed(text)
-    if found.key is not None:
-        return Occurrence(found.key, obj, True, _fingerprint(obj))
+    return _read_parsed(obj, found.key)
+
+
+def _read_parsed(obj: Any, key: str | None) -> Occurrence | None:
+    """A result parsed: the output written under ``key`` (format 2), or a result object
+    (``key`` ``None``; see :func:`read_result`)."""
+    if key is not None:
+        return Occurrence(key, obj, True, _fingerprint(obj))
     if not isinstance(obj, dict) or "id" not in obj:
         return None
     item_id = str(obj["id"])
@@ -159,8 +165,50 @@ def read_result(found: Found) -> Occurrence | None:
     return Occurrence(item_id, raw, True, _fingerprint(raw))
 
 
+class _KeyTwice(ValueError):
+    """An object of the reply names a key twice."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise _KeyTwice
+    return obj
+
+
+def read_whole(text: str, ids: Collection[str]) -> list[Occurrence | None] | None:
+    """Each result of a reply that is, as a whole, one JSON object holding only its
+    results: ``{"results": {"<id>": <output>, ...}}`` or ``{"results": [{...}, ...]}``,
+    no key twice in any of its objects. Read as :func:`read_result` reads each result
+    the scanner finds in it (in order), at the cost of one parse; ``None`` for any other
+    reply, which the scanner must read (prose around it, a cut, a key given twice).
+
+    Args:
+        text: The reply.
+        ids: The request's ids.
+    """
+    if "results" in ids:  # the scanner would read the wrapper's own key as an id
+        return None
+    try:
+        whole = json.loads(text, strict=False, object_pairs_hook=_unique_keys)
+    except ValueError:
+        return None
+    if not isinstance(whole, dict) or len(whole) != 1 or "results" not in whole:
+        return None
+    results = whole["results"]
+    if isinstance(results, dict):
+        return [_read_parsed(value, key) for key, value in results.items()]
+    if isinstance(results, list) and all(isinstance(result, dict) for result in results):
+        return [_read_parsed(result, None) for result in results]
+    return None
+
+
+#: ``json.dumps(raw, sort_keys=True, ensure_ascii=False)``, one encoder for every result.
+_FINGERPRINT = json.JSONEncoder(sort_keys=True, ensure_ascii=False)
+
+
 def _fingerprint(raw: Any) -> str:
-    return json.dumps(raw, sort_keys=True, ensure_ascii=False)
+    return _FINGERPRINT.encode(raw)
 
 
 def _drop_trailing_commas(text: str) -> str:

@@ -45,6 +45,7 @@ from .outcomes import (
     judge,
     ordered_unique,
     read_result,
+    read_whole,
 )
 from .schema import build_reply_schema
 
@@ -183,6 +184,13 @@ def pack_items(items: Sequence[tuple[str, Any]]) -> str:
     return pack_value([{"id": item_id, "input": item} for item_id, item in items])
 
 
+#: How an item is written in a packed prompt (compact: every space would be paid per
+#: item); one encoder for every item.
+_PACKED = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, default=_jsonable, separators=(",", ":")
+)
+
+
 def pack_value(value: Any) -> str:
     """``value`` as compact JSON (``ensure_ascii=False``; pydantic models dumped).
 
@@ -190,13 +198,7 @@ def pack_value(value: Any) -> str:
         ConfigurationError: The value is not JSON-able (NaN and infinities included).
     """
     try:
-        return json.dumps(
-            value,
-            ensure_ascii=False,
-            allow_nan=False,
-            default=_jsonable,
-            separators=(",", ":"),  # compact: every space would be paid per item
-        )
+        return _PACKED.encode(value)
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(
             f"an item cannot be sent as JSON ({exc}); pass JSON-able values or pydantic models"
@@ -362,16 +364,20 @@ def split_reply(
     requested = check_ids(ids)
     found: dict[str, list[Occurrence]] = {item_id: [] for item_id in requested}
     unknown: list[str] = []
-    scanner = ResultScanner(requested)
-    for result in scanner.feed(text):
-        occurrence = read_result(result)
+    results = read_whole(text, requested)  # a well-formed reply: one parse
+    in_results = False
+    if results is None:
+        scanner = ResultScanner(requested)
+        results = [read_result(result) for result in scanner.feed(text)]
+        in_results = scanner.in_results
+    for occurrence in results:
         if occurrence is None:
             continue
         if occurrence.id in found:
             found[occurrence.id].append(occurrence)
         else:
             unknown.append(occurrence.id)
-    cut = truncated or scanner.in_results
+    cut = truncated or in_results
     values: dict[str, T] = {}
     failures: dict[str, ItemFailure] = {}
     for item_id, occurrences in found.items():

@@ -92,10 +92,12 @@ def given_arguments(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if type(v).__name__ not in ("NotGiven", "Omit")}
 
 
+#: A call's key as ``json.dumps`` writes it with these options; one encoder for all.
+_KEY = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=repr)
+
+
 def _canonical(value: Any) -> str:
-    return json.dumps(
-        value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=repr
-    )
+    return _KEY.encode(value)
 
 
 def new_call(

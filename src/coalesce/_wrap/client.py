@@ -30,20 +30,12 @@ from typing import Any, Literal, TypeVar, cast
 import anyio
 import pydantic_core
 
-from .._defaults import (
-    BATCH_WINDOW,
-    MAX_ATTEMPTS,
-    MIN_AGREEMENT,
-    PACKING,
-    POLL_INTERVAL,
-    PROMPT_MAX_ITEMS,
-    PROMPT_MAX_WAIT,
-    SHADOW,
-)
-from .._engine.spec import Lane, LaneChoice, Options
+from .._batching.runtime import current_time
+from .._engine.spec import Lane, Options
 from .._exceptions import ConfigurationError, InvalidInputError
 from .._lanes.store import JobStore
 from .._observe.recorder import EventHook, PromptStatistics
+from .._options import NOT_GIVEN, LaneChoice, NotGiven, refuses_unknown
 from .._planning.latency import LatencyPrior
 from .._pricing import Price
 from .._validate import check_item
@@ -165,8 +157,11 @@ class CoalescedClient:
         read = self._read(translator, path, own, headers, raw=mode is not None)
         if read is None:
             return await send(**cleaned)  # not coalescible, or packing cannot pay
-        key = partition_key(self._coalesce.partition, raw_mode(kwargs)[0], headers.partition)
-        start = anyio.current_time()
+        del own, cleaned  # read holds what the call needs while it waits
+        partition = self._coalesce.partition
+        given = raw_mode(kwargs)[0] if partition is not None else kwargs  # read only by it
+        key = partition_key(partition, given, headers.partition)
+        start = current_time()
         answer = await self._answer(read, key)
         reply = read.translator.reply(answer, read.given)
         if read.endpoint is None or (mode is None and not read.call.stream):
@@ -179,7 +174,7 @@ class CoalescedClient:
             read.endpoint,
             stream=read.call.stream,
             parsed=path.endswith(".parse"),
-            waited=anyio.current_time() - start,
+            waited=current_time() - start,
             reply_id=answer.share.reply.get("id"),
             group_size=answer.company,
         )
@@ -333,93 +328,76 @@ def _kind(client: Any) -> tuple[Provider, str]:
     raise refused
 
 
-_OPTION_NAMES = (
-    "vote",
-    "screen",
-    "shadow",
-    "min_agreement",
-    "agree",
-    "max_wait",
-    "max_items",
-    "max_concurrency",
-    "latency_budget",
-    "max_attempts",
-    "max_output_tokens",
-    "timeout",
-    "context_window",
-    "schema_enforced",
-    "packing",
-    "latency_prior",
-    "prices",
-    "on_event",
-    "lane",
-    "store",
-    "batch_window",
-    "poll_interval",
-)
-
-
-def _options(client: Any, given: Mapping[str, Any]) -> Options:
-    """``wrap()``'s keywords as checked :class:`Options` (retries: see
-    :func:`~coalesce.providers._client.retries_for`)."""
-    retries = retries_for(client, given["max_retries"])
-    return Options(**{name: given[name] for name in _OPTION_NAMES}, max_retries=retries)
-
-
+@refuses_unknown("coalesce.wrap")
 def wrap(
     client: C,
     *,
-    max_wait: float = PROMPT_MAX_WAIT,
-    max_items: int = PROMPT_MAX_ITEMS,
+    max_wait: float | NotGiven = NOT_GIVEN,
+    max_items: int | NotGiven = NOT_GIVEN,
     max_concurrency: int | None = None,
     latency_budget: float | None = None,
     partition: Partition | None = None,
-    max_attempts: int = MAX_ATTEMPTS,
+    max_attempts: int = 4,
     max_retries: int | None = None,
     max_output_tokens: int | None = None,
     timeout: float | None = None,
     context_window: int | None = None,
     schema_enforced: bool | None = None,
-    packing: Literal["auto", "always"] = PACKING,
+    packing: Literal["auto", "always"] = "auto",
     latency_prior: LatencyPrior | None = None,
     prices: Price | Mapping[str, Price] | None = None,
     on_event: EventHook | None = None,
-    shadow: float = SHADOW,
-    min_agreement: float = MIN_AGREEMENT,
+    shadow: float | NotGiven = NOT_GIVEN,
+    min_agreement: float = 0.9,
     agree: Callable[[Any, Any], bool] | None = None,
     screen: bool | Callable[[Any], bool] = True,
     vote: bool = False,
     lane: LaneChoice = "realtime",
     store: str | os.PathLike[str] | JobStore | None = None,
-    batch_window: float = BATCH_WINDOW,
-    poll_interval: float = POLL_INTERVAL,
+    batch_window: float = 60.0,
+    poll_interval: float = 60.0,
 ) -> C:
-    """Wrap an ``openai.AsyncOpenAI`` or ``anthropic.AsyncAnthropic`` so compatible calls coalesce
-    (a sync ``OpenAI``/``Anthropic`` client's calls block, served on one background loop).
+    """Wrap an ``openai.AsyncOpenAI`` or ``anthropic.AsyncAnthropic`` so that compatible
+    calls coalesce (a blocking ``OpenAI`` or ``Anthropic`` client's calls block, served
+    on one background loop). The options mean what they mean for :func:`prompt`.
 
     Args:
-        client: The SDK client. (``max_wait``: longest wait for company, 0.05 s.)
-        max_items: Most items per request (default: learned from 4; given, it pins the cap).
-        max_concurrency: (and ``latency_budget``) Most requests in flight; seconds a call may wait.
+        client: The SDK client.
+        max_wait: Longest a call waits for company, in seconds; not given: 0.05, or a
+            quarter of the call's budget.
+        max_items: Most calls per request; not given: learned per model and kind of call,
+            from 4; given, even 4, it pins the cap.
+        max_concurrency: Most requests in flight at once (default: no limit).
+        latency_budget: Seconds a call may take, unless its ``x-coalesce-budget`` says.
         partition: ``partition(**kwargs) -> key``, called with each coalesced call's
-            keyword arguments: calls with different keys never share a prompt.
-        max_attempts: (and ``max_retries``) Requests that may carry one item, re-asks included
-            (default 4); retries of a failed request (default: the client's).
-        max_output_tokens: A packed reply's token cap (default: each call's cap times items).
-        timeout: (and ``context_window``) Longest attempt, s (the budget, or 60); the window.
+            keyword arguments: calls with different keys never share a request.
+        max_attempts: Requests that may carry one item, re-asks included.
+        max_retries: Retries of a request that failed as a whole (default: the wrapped
+            client's own ``max_retries``; the SDK's are switched off inside coalesce).
+        max_output_tokens: Cap on a packed reply (default: each call's cap times items).
+        timeout: Longest one attempt, in seconds (default: the budget, else the client's).
+        context_window: The model's context window in tokens (default: known models').
         schema_enforced: Whether replies always follow the schema (default: as declared).
-        packing: ``"auto"`` coalesces a kind of call only where a packed request costs
-            less than plain calls (else they pass through); ``"always"`` packs groups of 2+.
-        latency_prior: (and ``prices``) What the planner assumes of the provider before measuring
-            it; prices for the statistics' cost estimates (see :func:`~coalesce.price_for`).
-        on_event: Called with each call, request, dispatch and retry event. See docs/wrap.md.
-        shadow: (and ``min_agreement``, ``agree``, ``screen``, ``vote``) Share of packed
-            items also asked alone (0.01 where learned); the cap's agreement (0.9); equality;
-            items reading like instructions go alone (True); ask in two orders (False).
-        lane: (and ``store``, ``batch_window``, ``poll_interval``) A call's lane unless its
-            ``x-coalesce-lane`` header says (docs/lanes.md); the batch lane's job store.
+        packing: ``"auto"``: coalesce a kind of call only where packing costs less than
+            plain calls (else they pass through); ``"always"``.
+        latency_prior: What the planner assumes of the provider before measuring it.
+        prices: Prices for the cost estimates (see :func:`~coalesce.price_for`).
+        on_event: Called with each call, request, dispatch and retry event.
+        shadow: Share of packed items also asked alone; not given: 0.01 where learned.
+        min_agreement: Agreement of packed and plain answers under which the cap comes down.
+        agree: ``agree(a, b) -> bool`` for the shadow guard and the vote (default: ``==``).
+        screen: A call whose item reads like instructions goes alone.
+        vote: Ask each packed group in two orders; settle differences with plain calls.
+        lane: A call's lane unless its ``x-coalesce-lane`` header says (default
+            ``"realtime"``: the caller waits on its SDK's timeout).
+        store: The batch lane's job store, with the learned caps beside it (default:
+            ``$COALESCE_STORE``, else the user data directory; ``":memory:"``: no file).
+        batch_window: Seconds a deferred (flex, batch) call waits for others.
+        poll_interval: The longest wait between two polls of a batch job, in seconds.
 
-    Raises ``ConfigurationError`` for a client not OpenAI's or Anthropic's (or wrapped), a bad option.
+    Raises:
+        ConfigurationError: The client is not OpenAI's or Anthropic's, or is wrapped
+            already, or an option is out of range (``UnknownOptionError``: misspelt).
     """
     if async_twin(client) is not None:  # a blocking openai.OpenAI / anthropic.Anthropic
         return cast(C, _blocking(dict(locals())))
@@ -431,7 +409,8 @@ def _wrapped(
 ) -> CoalescedClient:
     """``wrap()`` of an async SDK client, with ``given``, its keywords, and ``partition``."""
     provider, kind = _kind(client)
-    engines = Engines(provider, _options(client, given))
+    retries = retries_for(client, given["max_retries"])  # the client's own by default
+    engines = Engines(provider, Options.of({**given, "max_retries": retries}))
     engines.adopt()  # with store= inside a running loop: the jobs an earlier process left
     by = Wrapping(kind, client, partition, credentials_key(client))
     return _coalesced(client, engines, by)

@@ -251,20 +251,29 @@ class Engines:
         router = self.router(call, sender)
         if lane is Lane.BATCH:
             return await self._batch(router, call, sender, partition)
+        if lane is Lane.FLEX:
+            return await self._flex(router, call, budget, partition)
+        job = router.engine.new_job(call.item, budget=budget, partition=partition)
+        share = self._shares.track(job)
+        try:
+            value = await router.engine.answer(job)
+        except BaseException:
+            self._shares.forget(job)
+            raise
+        return Answered(value, call, share, company=max(job.company, 1), lane="realtime")
+
+    async def _flex(
+        self, router: LaneRouter, call: SdkCall, budget: float | None, partition: Hashable
+    ) -> Answered:
+        """``call`` through flex processing, or real time where flex refuses it: each job
+        made for it is charged its share until it is refused."""
         jobs: list[tuple[Job, str, UsageShare]] = []
 
         def told(job: Job, lane: str) -> None:
             jobs.append((job, lane, self._shares.track(job)))
 
         try:
-            if lane is Lane.FLEX:
-                value = await router.flex(
-                    call.item, budget=budget, partition=partition, on_job=told
-                )
-            else:
-                job = router.engine.new_job(call.item, budget=budget, partition=partition)
-                told(job, "realtime")
-                value = await router.engine.answer(job)
+            value = await router.flex(call.item, budget=budget, partition=partition, on_job=told)
         except BaseException:
             for job, _, _ in jobs:
                 self._shares.forget(job)
@@ -293,7 +302,7 @@ class Engines:
             share.prompt_tokens = round(line.usage.input_tokens / line.items)
             share.completion_tokens = round(line.usage.output_tokens / line.items)
             share.reply, share.reply_id = {"id": line.custom_id}, "batch"
-        share.finished.set()
+        share.finish()
         return Answered(value, call, share, company=company, lane="batch")
 
     def store(self) -> JobStore:

@@ -9,7 +9,7 @@ names its partition; ``x-coalesce-lane`` its lane (``auto``, ``realtime``, ``fle
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,7 @@ __all__ = [
     "SWITCH_HEADER",
     "CallHeaders",
     "coalesce_headers",
+    "without_headers",
 ]
 
 #: ``extra_headers={"x-coalesce": "off"}`` sends that call alone, untouched.
@@ -78,13 +79,19 @@ def coalesce_headers(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], CallHea
     ours = {k: v for k, v in headers.items() if _is_ours(k)}
     if not ours:
         return dict(kwargs), CallHeaders()
+    return without_headers(kwargs, ours), _read_headers(ours)
+
+
+def without_headers(kwargs: Mapping[str, Any], names: Collection[str]) -> dict[str, Any]:
+    """``kwargs`` with the headers ``names`` taken out of its ``extra_headers`` (dropped
+    when nothing else is left in it)."""
     cleaned = dict(kwargs)
-    rest = {k: v for k, v in headers.items() if k not in ours}
+    rest = {k: v for k, v in cleaned["extra_headers"].items() if k not in names}
     if rest:
         cleaned["extra_headers"] = rest
     else:
         del cleaned["extra_headers"]
-    return cleaned, _read_headers(ours)
+    return cleaned
 
 
 def _is_ours(name: Any) -> bool:
@@ -104,23 +111,25 @@ def _read_headers(ours: Mapping[str, Any]) -> CallHeaders:
         found[key] = value
     found = given_arguments(found)
     return CallHeaders(
-        coalesce=_switch(found.get(SWITCH_HEADER)),
+        coalesce=_word(found.get(SWITCH_HEADER), SWITCH_HEADER, ("on", "off")) != "off",
         budget=_seconds(found.get(BUDGET_HEADER)),
         partition=_partition(found.get(PARTITION_HEADER)),
-        lane=_lane(found.get(LANE_HEADER)),
+        lane=_word(found.get(LANE_HEADER), LANE_HEADER, LANE_CHOICES),
     )
 
 
-def _switch(value: Any) -> bool:
+def _word(value: Any, header: str, words: tuple[str, ...]) -> str | None:
+    """The header's word, one of ``words`` in any case (``None``: not given)."""
     if value is None:
-        return True
+        return None
     word = value.strip().lower() if isinstance(value, str) else None
-    if word not in ("on", "off"):
-        raise ConfigurationError(
-            f"the {SWITCH_HEADER} header must be 'on' or 'off' (this call alone, untouched),"
-            f" got {value!r}"
-        )
-    return word == "on"
+    if word not in words:
+        allowed = {
+            SWITCH_HEADER: "'on' or 'off' (this call alone, untouched)",
+            LANE_HEADER: f"one of {', '.join(words)}",
+        }[header]
+        raise ConfigurationError(f"the {header} header must be {allowed}, got {value!r}")
+    return word
 
 
 def _seconds(value: Any) -> float | None:
@@ -148,14 +157,3 @@ def _partition(value: Any) -> str | None:
             f" partition (a tenant, a user, a trust level), got {value!r}"
         )
     return value
-
-
-def _lane(value: Any) -> str | None:
-    if value is None:
-        return None
-    word = value.strip().lower() if isinstance(value, str) else None
-    if word not in LANE_CHOICES:
-        raise ConfigurationError(
-            f"the {LANE_HEADER} header must be one of {', '.join(LANE_CHOICES)}, got {value!r}"
-        )
-    return word

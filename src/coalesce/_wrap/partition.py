@@ -10,13 +10,12 @@ as the caller passed them, so for ``wrap`` ``partition(**kwargs)`` (``@batch``:
 from __future__ import annotations
 
 import inspect
-import warnings
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from .._validate import check_callable, partition_of
+from .._validate import check_callable, partition_of, warn_caller
 from .call import given_arguments
 
 __all__ = ["Partition", "PartitionFunction", "partition_function", "partition_key"]
@@ -55,24 +54,19 @@ class PartitionFunction:
     legacy: bool = False
 
     @classmethod
-    def of(cls, function: Partition, stacklevel: int = 3) -> PartitionFunction:
-        """``function``, its form read from its signature; the old form warns.
-
-        Args:
-            function: ``wrap()``'s ``partition=``.
-            stacklevel: Of the warning: 3 points at the caller of ``wrap()``.
-        """
+    def of(cls, function: Partition) -> PartitionFunction:
+        """``function`` (``wrap()``'s ``partition=``), its form read from its signature;
+        the old form warns, pointing at the first caller outside coalesce."""
         legacy = _takes_one_mapping(function)
         if legacy:
             name = _name(function)
-            warnings.warn(
+            warn_caller(
                 f"wrap(partition={name}): a partition function of one mapping,"
                 " partition(kwargs), is deprecated; partition is called with the call's own"
                 " keyword arguments, partition(**kwargs), as @coalesce.prompt calls it with"
                 f" the function's arguments. Write {name} as `def {name}(**kwargs)` (or"
                 " `lambda **kwargs: ...`); until then it is called the old way",
                 DeprecationWarning,
-                stacklevel=stacklevel,
             )
         return cls(function, legacy)
 
@@ -99,7 +93,7 @@ def partition_function(partition: Partition | None) -> PartitionFunction | None:
         ConfigurationError: ``partition`` is neither callable nor ``None``.
     """
     check_callable("partition", partition)
-    return None if partition is None else PartitionFunction.of(partition, stacklevel=4)
+    return None if partition is None else PartitionFunction.of(partition)
 
 
 def _name(function: Callable[..., Any]) -> str:

@@ -25,6 +25,7 @@ A call's ``timeout=`` (else its client's ``timeout``) is that caller's own limit
 from __future__ import annotations
 
 import datetime
+import functools
 import importlib
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
@@ -32,6 +33,7 @@ from typing import Any
 
 from ..providers import _sdk_anthropic, _sdk_openai
 from ..providers._sdk import timeout_seconds
+from .headers import without_headers
 from .registry import Endpoint
 from .stream import Events
 
@@ -57,13 +59,7 @@ def raw_mode(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
     ours = [name for name in headers if isinstance(name, str) and name.lower() == RAW_HEADER]
     if not ours:
         return dict(kwargs), None
-    cleaned = dict(kwargs)
-    rest = {name: value for name, value in headers.items() if name not in ours}
-    if rest:
-        cleaned["extra_headers"] = rest
-    else:
-        del cleaned["extra_headers"]
-    return cleaned, str(headers[ours[-1]])
+    return without_headers(kwargs, ours), str(headers[ours[-1]])
 
 
 def call_limit(given: Mapping[str, Any], own: float | None, default: Any) -> float | None:
@@ -91,6 +87,14 @@ def timeout_error(sdk: str, url: str) -> Exception:
 
 def _url(client: Any, endpoint: Endpoint) -> str:
     return str(client.base_url).rstrip("/") + endpoint.url
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed_url(url: str) -> Any:
+    """``url`` as an ``httpx2.URL``, parsed once (a request made from it copies it)."""
+    import httpx2
+
+    return httpx2.URL(url)
 
 
 def _json_body(reply: Any) -> bytes:
@@ -150,6 +154,26 @@ def _headers(
     return headers
 
 
+@functools.lru_cache(maxsize=64)
+def _options_template(kind: Any, url: str, no_parser: Any) -> Any:
+    """The SDK's request options of a post to ``url`` without a parser, made once."""
+    return kind.construct(method="post", url=url, headers={}, post_parser=no_parser)
+
+
+def _request_options(kind: Any, url: str, headers: dict[str, str], no_parser: Any) -> Any:
+    """``kind.construct(method="post", url=url, headers=headers, post_parser=no_parser)``,
+    as a copy of the options made once for ``url``: every default that is a dict (the
+    query, ...) copied too, so that no two responses share one (as ``construct`` makes
+    them afresh)."""
+    template = _options_template(kind, url, no_parser)
+    update = {name: dict(value) for name, value in vars(template).items() if type(value) is dict}
+    update["headers"] = headers
+    options = template.model_copy(update=update)
+    # Fields given, as construct() would have them (model_copy counts the update's too).
+    options.__pydantic_fields_set__ = set(template.__pydantic_fields_set__)
+    return options
+
+
 def raw_response(
     client: Any,
     sdk: str,
@@ -185,18 +209,19 @@ def raw_response(
 
     module = importlib.import_module(sdk)
     sent = {} if mode is None else {RAW_HEADER: mode}
-    request = httpx2.Request("POST", _url(client, endpoint), headers=sent)
+    request = httpx2.Request("POST", _parsed_url(_url(client, endpoint)), headers=sent)
     headers = _headers(sdk, None if stream else getattr(reply, "id", None), reply_id, group_size)
     response = _response(request, reply, stream, headers)
     response.elapsed = datetime.timedelta(seconds=waited)
     events = _type(endpoint.events)
     internals = _sdk_openai if sdk == "openai" else _sdk_anthropic
-    options = internals.FinalRequestOptions.construct(
-        method="post",
-        url=endpoint.url,
-        headers=sent,
-        post_parser=(lambda _: reply) if parsed else module.NOT_GIVEN,
-    )
+    if parsed:
+        options = internals.FinalRequestOptions.construct(
+            method="post", url=endpoint.url, headers=sent, post_parser=lambda _: reply
+        )
+    else:
+        kind = internals.FinalRequestOptions
+        options = _request_options(kind, endpoint.url, sent, module.NOT_GIVEN)
     # openai's with_raw_response gives its LegacyAPIResponse; the rest AsyncAPIResponse.
     legacy = mode == "true"
     kind = internals.LegacyAPIResponse if legacy else internals.AsyncAPIResponse

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import anyio
-
+from .._batching.runtime import current_time
 from .._exceptions import ConfigurationError
 from ._base import Completion, CompletionRequest, RetryAdvice
 
@@ -58,9 +57,9 @@ class CallableProvider:
                 of the request gets it).
             Exception: Whatever the function raises, unchanged.
         """
-        start = anyio.current_time()
+        start = current_time()
         result = await self._fn(request)
-        seconds = anyio.current_time() - start
+        seconds = current_time() - start
         if isinstance(result, str):
             result = Completion(text=result, finish_reason="stop", seconds=seconds)
         elif not isinstance(result, Completion) or not isinstance(result.text, str):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from .._defaults import MAX_RETRIES
 from .._exceptions import ConfigurationError
+from .._options import MAX_RETRIES
 from . import Provider
 
 __all__ = ["as_provider", "retries_for"]
@@ -57,7 +57,7 @@ def retries_for(client: Any, given: int | None) -> int:
     """``wrap(max_retries=)``: retries of a request that failed as a whole, done by
     coalesce (the SDK's own are switched off, so the two never multiply): ``given``,
     else the wrapped client's own ``max_retries`` setting (a drop-in keeps what the
-    client was configured with), else :data:`~coalesce._defaults.MAX_RETRIES`."""
+    client was configured with), else :data:`~coalesce._options.MAX_RETRIES`."""
     if given is not None:
         return given
     own = getattr(client, "max_retries", None)

@@ -20,9 +20,9 @@ from contextlib import aclosing
 from types import TracebackType
 from typing import Any
 
-import anyio
 import httpx
 
+from .._batching.runtime import current_time
 from ._base import Completion, CompletionRequest, RetryAdvice, Usage
 from ._shapes import openai_response_format
 
@@ -104,7 +104,7 @@ class Collector:
     """
 
     def __init__(self, on_text: Callable[[str], None] | None) -> None:
-        self.start = anyio.current_time()
+        self.start = current_time()
         self.pieces: list[str] = []
         self.ttft: float | None = None
         self._on_text = on_text
@@ -118,7 +118,7 @@ class Collector:
         if not delta:
             return
         if self.ttft is None:
-            self.ttft = anyio.current_time() - self.start
+            self.ttft = current_time() - self.start
         self.pieces.append(delta)
         if self._on_text is not None:
             self._on_text(delta)
@@ -130,7 +130,7 @@ class Collector:
 
     def elapsed(self) -> float:
         """Seconds since the collector was made (when the request was sent)."""
-        return anyio.current_time() - self.start
+        return current_time() - self.start
 
 
 def chat_url(base_url: str) -> str:

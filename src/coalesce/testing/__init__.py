@@ -11,12 +11,12 @@ Importing this package imports neither uvicorn nor any SDK.
 from __future__ import annotations
 
 from ._accounting import RequestRecord, SimulatorStatistics
-from ._asgi import SimulatedDisconnect
 from ._batches import BatchSubmission, BatchTiming
 from ._cache import SimulatedPromptCache
 from ._degradation import PackingDegradation, degraded_output
 from ._faults import Fault, FaultPlan
 from ._flex import FlexProcessing
+from ._http import SimulatedDisconnect
 from ._latency import Delays, LatencyProfile, SimulatedLatency, compute_delays
 from ._length import LongTail
 from ._model import expected_output

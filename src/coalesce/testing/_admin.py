@@ -5,19 +5,21 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from coalesce._exceptions import ConfigurationError
+from starlette.responses import Response
 
-from ._asgi import HttpError
+from coalesce.exceptions import ConfigurationError
+
+from ._call import Call
 from ._faults import FaultSource
 from ._flex import FlexSource
-from ._routing import Call
+from ._http import HttpError
 
 __all__ = ["expire_batch", "inject", "inject_flex", "reset", "root", "stats"]
 
 
-async def root(call: Call) -> None:
+async def root(call: Call) -> Response:
     """``GET /``: what this server is, so a script can wait for it."""
-    await call.reply(
+    return call.reply(
         {
             "name": "coalesce simulated provider",
             "status": "ok",
@@ -41,10 +43,10 @@ async def root(call: Call) -> None:
     )
 
 
-async def stats(call: Call) -> None:
+async def stats(call: Call) -> Response:
     """``GET /_sim/stats``: the totals, every request's record and every batch created."""
     ledger = call.sim.ledger
-    await call.reply(
+    return call.reply(
         {
             "totals": ledger.statistics().as_dict(),
             "requests": [record.as_dict() for record in ledger.records()],
@@ -53,52 +55,52 @@ async def stats(call: Call) -> None:
     )
 
 
-async def reset(call: Call) -> None:
+async def reset(call: Call) -> Response:
     """``POST /_sim/reset``: forget requests, usage, batches and scripted faults."""
     call.sim.reset()
-    await call.reply({"reset": True})
+    return call.reply({"reset": True})
 
 
-async def inject(call: Call) -> None:
+async def inject(call: Call) -> Response:
     """``POST /_sim/faults``: script the faults of the next requests.
 
     Raises:
         HttpError: The body is not ``{"script": [...]}`` or names an unknown fault.
     """
     usage = "one entry (null, a fault or a list) per request"
-    await _script(call, call.sim.faults, usage)
+    return _script(call, call.sim.faults, usage)
 
 
-async def inject_flex(call: Call) -> None:
+async def inject_flex(call: Call) -> Response:
     """``POST /_sim/flex``: script the next flex requests (``true`` refuses one).
 
     Raises:
         HttpError: The body is not ``{"script": [true, false, ...]}``.
     """
-    await _script(call, call.sim.flex, "true (refuse) or false (serve) per flex request")
+    return _script(call, call.sim.flex, "true (refuse) or false (serve) per flex request")
 
 
-async def _script(call: Call, source: FaultSource | FlexSource, usage: str) -> None:
+def _script(call: Call, source: FaultSource | FlexSource, usage: str) -> Response:
     """Script ``source`` with the body's ``script``; answer how many entries wait."""
-    script = call.request.json_object().get("script")
+    script = call.json_object().get("script")
     if not isinstance(script, list):
         raise HttpError(400, f'send {{"script": [...]}}: {usage}')
     with _refused():
         source.inject(*script)
-    await call.reply({"pending": source.pending})
+    return call.reply({"pending": source.pending})
 
 
-async def expire_batch(call: Call) -> None:
+async def expire_batch(call: Call) -> Response:
     """``POST /_sim/batches/expire``: the next batch stops after ``after_lines`` lines and
     expires at the end of its completion window.
 
     Raises:
         HttpError: The body is not ``{"after_lines": n}`` with ``n >= 0``.
     """
-    after = call.request.json_object().get("after_lines", 0)
+    after = call.json_object().get("after_lines", 0)
     with _refused():
         call.sim.batches.stall_next(after)
-    await call.reply({"after_lines": after})
+    return call.reply({"after_lines": after})
 
 
 @contextmanager

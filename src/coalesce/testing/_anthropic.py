@@ -6,11 +6,11 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ._asgi import HttpError
 from ._cache import anthropic_cache_request, without_cache_control
 from ._engine import Answer, Prompt, ReplyContext
 from ._fields import content_texts, conversation, max_tokens, require_messages, require_str
 from ._flavour import StreamEvent
+from ._http import HttpError
 from ._ratelimit import RateDecision, anthropic_headers
 
 __all__ = ["ANTHROPIC", "AnthropicFlavour"]

@@ -1,12 +1,17 @@
-"""The ASGI app: the route table, dispatch, and the ASGI lifespan protocol."""
+"""The simulator as an ASGI app (Starlette): its routes, and its errors in each API's shape."""
 
 from __future__ import annotations
 
-import re
+from collections.abc import Awaitable, Callable
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from ._admin import expire_batch, inject, inject_flex, reset, root, stats
 from ._anthropic import ANTHROPIC
-from ._asgi import HttpError, Receive, Scope, Send, read_request
 from ._batch_routes import (
     cancel_batch,
     create_batch,
@@ -17,8 +22,10 @@ from ._batch_routes import (
     list_batches,
     upload_file,
 )
-from ._flavour import Flavour, send_error
+from ._call import Call, Handler, Simulation
+from ._flavour import Flavour, error_response
 from ._generate import chat_completions, messages, responses
+from ._http import HttpError, Unanswered
 from ._message_batch_routes import (
     cancel_message_batch,
     create_message_batch,
@@ -27,35 +34,33 @@ from ._message_batch_routes import (
     message_batch_results,
 )
 from ._openai import OPENAI
-from ._routing import Call, Handler, Simulation
 
-__all__ = ["flavour_of", "handle"]
+__all__ = ["create_app", "flavour_of"]
 
 _TABLE: list[tuple[str, str, Handler]] = [
-    ("GET", r"/", root),
-    ("POST", r"/v1/chat/completions", chat_completions),
-    ("POST", r"/v1/responses", responses),
-    ("POST", r"/v1/messages", messages),
-    ("GET", r"/_sim/stats", stats),
-    ("POST", r"/_sim/reset", reset),
-    ("POST", r"/_sim/faults", inject),
-    ("POST", r"/_sim/flex", inject_flex),
-    ("POST", r"/_sim/batches/expire", expire_batch),
-    ("POST", r"/v1/files", upload_file),
-    ("GET", r"/v1/files/(?P<id>[^/]+)", get_file),
-    ("DELETE", r"/v1/files/(?P<id>[^/]+)", delete_file),
-    ("GET", r"/v1/files/(?P<id>[^/]+)/content", file_content),
-    ("POST", r"/v1/batches", create_batch),
-    ("GET", r"/v1/batches", list_batches),
-    ("GET", r"/v1/batches/(?P<id>[^/]+)", get_batch),
-    ("POST", r"/v1/batches/(?P<id>[^/]+)/cancel", cancel_batch),
-    ("POST", r"/v1/messages/batches", create_message_batch),
-    ("GET", r"/v1/messages/batches", list_message_batches),
-    ("GET", r"/v1/messages/batches/(?P<id>[^/]+)", get_message_batch),
-    ("POST", r"/v1/messages/batches/(?P<id>[^/]+)/cancel", cancel_message_batch),
-    ("GET", r"/v1/messages/batches/(?P<id>[^/]+)/results", message_batch_results),
+    ("GET", "/", root),
+    ("POST", "/v1/chat/completions", chat_completions),
+    ("POST", "/v1/responses", responses),
+    ("POST", "/v1/messages", messages),
+    ("GET", "/_sim/stats", stats),
+    ("POST", "/_sim/reset", reset),
+    ("POST", "/_sim/faults", inject),
+    ("POST", "/_sim/flex", inject_flex),
+    ("POST", "/_sim/batches/expire", expire_batch),
+    ("POST", "/v1/files", upload_file),
+    ("GET", "/v1/files/{id}", get_file),
+    ("DELETE", "/v1/files/{id}", delete_file),
+    ("GET", "/v1/files/{id}/content", file_content),
+    ("POST", "/v1/batches", create_batch),
+    ("GET", "/v1/batches", list_batches),
+    ("GET", "/v1/batches/{id}", get_batch),
+    ("POST", "/v1/batches/{id}/cancel", cancel_batch),
+    ("POST", "/v1/messages/batches", create_message_batch),
+    ("GET", "/v1/messages/batches", list_message_batches),
+    ("GET", "/v1/messages/batches/{id}", get_message_batch),
+    ("POST", "/v1/messages/batches/{id}/cancel", cancel_message_batch),
+    ("GET", "/v1/messages/batches/{id}/results", message_batch_results),
 ]
-_ROUTES = [(method, re.compile(path + r"/?\Z"), handler) for method, path, handler in _TABLE]
 
 
 def flavour_of(path: str) -> Flavour:
@@ -67,43 +72,39 @@ def flavour_of(path: str) -> Flavour:
     return ANTHROPIC if path.startswith("/v1/messages") else OPENAI
 
 
-async def handle(sim: Simulation, scope: Scope, receive: Receive, send: Send) -> None:
-    """Serve one ASGI connection scope.
+def create_app(sim: Simulation) -> Starlette:
+    """The ASGI app that serves ``sim``: one route per endpoint; an :class:`HttpError`,
+    an unknown path (404) or method (405) answered in the API's own error shape.
 
     Args:
         sim: The provider.
-        scope: The ASGI scope.
-        receive: The ASGI receive callable.
-        send: The ASGI send callable.
     """
-    if scope["type"] == "lifespan":
-        await _lifespan(receive, send)
-        return
-    if scope["type"] != "http":
-        return
-    request = await read_request(scope, receive)
-    flavour = flavour_of(request.path)
-    path_matched = False
-    for method, pattern, handler in _ROUTES:
-        match = pattern.match(request.path)
-        if match is None:
-            continue
-        path_matched = True
-        if method == request.method:
-            try:
-                await handler(Call(sim, request, match, receive, send))
-            except HttpError as exc:
-                await send_error(send, flavour, exc.status, exc.message)
-            return
-    status = 405 if path_matched else 404
-    await send_error(send, flavour, status, f"no route for {request.method} {request.path}")
+    routes = [
+        Route(path, _endpoint(sim, handler), methods=[method]) for method, path, handler in _TABLE
+    ]
+    handlers = {HttpError: _http_error, HTTPException: _starlette_error}
+    return Starlette(routes=routes, exception_handlers=handlers)
 
 
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
+def _endpoint(sim: Simulation, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        try:
+            body = await request.body()
+        except ClientDisconnect:  # the client left before its request was read
+            return Unanswered()
+        return await handler(Call(sim, request, body))
+
+    return endpoint
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HttpError)
+    return error_response(flavour_of(request.url.path), exc.status, exc.message)
+
+
+async def _starlette_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own: no route (404), another method (405), a form it cannot read."""
+    assert isinstance(exc, HTTPException)
+    status, path = exc.status_code, request.url.path
+    message = f"no route for {request.method} {path}" if status in (404, 405) else exc.detail
+    return error_response(flavour_of(path), status, message)

@@ -13,15 +13,16 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from ._accounting import RequestRecord
-from ._asgi import HttpError
 from ._batch_rules import OverLimit, over_limit, page
 from ._batches import Batch, LineResult
 from ._cache_store import CacheUse
-from ._engine import Prompt, ReplyContext, count_text, prompt_tokens
+from ._call import Call, Simulation
+from ._engine import Prompt, ReplyContext, prompt_tokens
 from ._faults import HTTP_FAULTS, Fault
 from ._flavour import Flavour, error_body, fault_error
 from ._generate import compose_answer
-from ._routing import Call, Simulation
+from ._http import HttpError
+from ._tokens import count_text
 from ._wire import parse_packed
 
 __all__ = [
@@ -171,7 +172,7 @@ def store_batch(
     lines = 0 if errors else len(requests)
     timeline = sim.batches.timeline(sim.clock.now(), lines, validate=validate)
     results = [
-        LineResult(custom_id, *answer_line(sim, flavour, params, call.request.api_key, batch_id, finish))
+        LineResult(custom_id, *answer_line(sim, flavour, params, call.api_key, batch_id, finish))
         for (custom_id, params), finish in zip(requests[:lines], timeline.finishes, strict=True)
         if finish < math.inf
     ]  # fmt: skip

@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ._asgi import HttpError, send_body
+from starlette.responses import Response
+
 from ._batch_lines import batch_page, batch_usage, find_batch, jsonl, limit, store_batch
 from ._batch_rules import OverLimit, check_metadata, duplicates, page_body, page_size
 from ._batches import Batch, LineResult, StoredFile, openai_status
-from ._multipart import parse_form
+from ._call import Call, Simulation
+from ._http import HttpError
 from ._openai import OPENAI
-from ._routing import Call, Simulation
 
 __all__ = [
     "cancel_batch",
@@ -71,32 +72,41 @@ def _add_file(sim: Simulation, filename: str, purpose: str, data: bytes) -> Stor
     return stored
 
 
-async def upload_file(call: Call) -> None:
-    """``POST /v1/files``: store a file sent as a multipart form."""
-    form = parse_form(call.request.headers.get("content-type", ""), call.request.body)
-    if "file" not in form or "purpose" not in form:
-        raise HttpError(400, "a file upload needs the fields 'file' and 'purpose'")
-    upload, purpose = form["file"], form["purpose"].value.decode()
-    stored = _add_file(call.sim, upload.filename or "upload.jsonl", purpose, upload.value)
-    await call.reply(_file_object(call.sim, stored))
+async def upload_file(call: Call) -> Response:
+    """``POST /v1/files``: store a file sent as a multipart form.
+
+    Raises:
+        HttpError: The body is not a multipart form, or has no ``file`` or no ``purpose``.
+    """
+    if not call.request.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise HttpError(400, "expected a multipart/form-data body")
+    async with call.request.form() as form:
+        upload, purpose = form.get("file"), form.get("purpose")
+        if upload is None or not isinstance(purpose, str):
+            raise HttpError(400, "a file upload needs the fields 'file' and 'purpose'")
+        if isinstance(upload, str):  # a part without a filename
+            filename, data = "upload.jsonl", upload.encode()
+        else:
+            filename, data = upload.filename or "upload.jsonl", await upload.read()
+    return call.reply(_file_object(call.sim, _add_file(call.sim, filename, purpose, data)))
 
 
-async def get_file(call: Call) -> None:
+async def get_file(call: Call) -> Response:
     """``GET /v1/files/{id}``."""
-    await call.reply(_file_object(call.sim, _file(call.sim, call.match["id"])))
+    return call.reply(_file_object(call.sim, _file(call.sim, call.id)))
 
 
-async def file_content(call: Call) -> None:
+async def file_content(call: Call) -> Response:
     """``GET /v1/files/{id}/content``."""
-    stored = _file(call.sim, call.match["id"])
-    await send_body(call.send, 200, stored.data, "application/octet-stream", {})
+    stored = _file(call.sim, call.id)
+    return Response(stored.data, media_type="application/octet-stream")
 
 
-async def delete_file(call: Call) -> None:
+async def delete_file(call: Call) -> Response:
     """``DELETE /v1/files/{id}``."""
-    stored = _file(call.sim, call.match["id"])
+    stored = _file(call.sim, call.id)
     del call.sim.batches.files[stored.id]
-    await call.reply({"id": stored.id, "object": "file", "deleted": True})
+    return call.reply({"id": stored.id, "object": "file", "deleted": True})
 
 
 # ------------------------------------------------------------------------ batches
@@ -147,14 +157,14 @@ def _limit_error(over: OverLimit) -> dict[str, Any]:
     return _line_error("token_limit_exceeded", message, None, None)
 
 
-async def create_batch(call: Call) -> None:
+async def create_batch(call: Call) -> Response:
     """``POST /v1/batches``: a batch over the lines of an uploaded JSONL file.
 
     Raises:
         HttpError: The endpoint is not simulated, the file does not exist, or the
             metadata is invalid.
     """
-    body = call.request.json_object()
+    body = call.json_object()
     if body.get("endpoint") != "/v1/chat/completions":
         raise HttpError(400, "only the endpoint /v1/chat/completions is simulated")
     problem = check_metadata(body.get("metadata"))
@@ -169,7 +179,7 @@ async def create_batch(call: Call) -> None:
     if over is not None:
         errors = [_limit_error(over)]
     batch = store_batch(call, OPENAI, "batch_sim", requests, body, errors, usage, validate=True)
-    await call.reply(_openai_batch(call.sim, batch))
+    return call.reply(_openai_batch(call.sim, batch))
 
 
 def _stamp(sim: Simulation, moment: float | None, now: float) -> int | None:
@@ -238,34 +248,34 @@ def _write_outputs(sim: Simulation, batch: Batch, done: list[LineResult], status
         ).id
 
 
-async def get_batch(call: Call) -> None:
+async def get_batch(call: Call) -> Response:
     """``GET /v1/batches/{id}``."""
-    await call.reply(_openai_batch(call.sim, _openai(call.sim, call.match["id"])))
+    return call.reply(_openai_batch(call.sim, _openai(call.sim, call.id)))
 
 
 def _openai(sim: Simulation, batch_id: str) -> Batch:
     return find_batch(sim, batch_id, "openai")
 
 
-async def cancel_batch(call: Call) -> None:
+async def cancel_batch(call: Call) -> Response:
     """``POST /v1/batches/{id}/cancel``.
 
     Raises:
         HttpError: The batch has already ended.
     """
-    batch = _openai(call.sim, call.match["id"])
+    batch = _openai(call.sim, call.id)
     status = _openai_batch(call.sim, batch)["status"]
     if status in ("completed", "failed", "expired", "cancelled"):
         raise HttpError(400, f"cannot cancel a batch whose status is {status!r}")
     if batch.cancel_at is None:
         batch.cancel_at = call.sim.clock.now()
-    await call.reply(_openai_batch(call.sim, batch))
+    return call.reply(_openai_batch(call.sim, batch))
 
 
-async def list_batches(call: Call) -> None:
+async def list_batches(call: Call) -> Response:
     """``GET /v1/batches``: OpenAI batches, newest first, ``limit`` (default 20, at most
     100) at a time from the one ``after`` the cursor."""
-    size = page_size(call.request.query, 100)
-    chosen, more = batch_page(call.sim, "openai", size, after=call.request.query.get("after"))
+    size = page_size(call.query, 100)
+    chosen, more = batch_page(call.sim, "openai", size, after=call.query.get("after"))
     data = [_openai_batch(call.sim, b) for b in chosen]
-    await call.reply({"object": "list", **page_body(data, more)})
+    return call.reply({"object": "list", **page_body(data, more)})

@@ -10,8 +10,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
-from ._asgi import HttpError
 from ._context import ContextWindows, window_for
+from ._http import HttpError
 
 __all__ = [
     "OverLimit",

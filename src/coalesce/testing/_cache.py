@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from coalesce._exceptions import ConfigurationError
+from coalesce.exceptions import ConfigurationError
 
-from ._asgi import HttpError
 from ._fields import content_texts
+from ._http import HttpError
 
 __all__ = [
     "DEFAULT_MIN_TOKENS",

@@ -11,7 +11,7 @@ import sys
 import threading
 from collections.abc import Iterator
 
-from coalesce._exceptions import ConfigurationError
+from coalesce.exceptions import ConfigurationError
 
 from ._config import load_config, provider_options
 from ._degradation import PackingDegradation

@@ -9,7 +9,7 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
-from coalesce._exceptions import ConfigurationError
+from coalesce.exceptions import ConfigurationError
 
 from ._batches import BatchTiming
 from ._cache import SimulatedPromptCache

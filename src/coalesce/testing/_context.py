@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TypeAlias
 
-from coalesce._exceptions import ConfigurationError
+from coalesce.exceptions import ConfigurationError
 
 __all__ = ["ContextWindows", "check_windows", "output_refusal", "refusal", "window_for"]
 

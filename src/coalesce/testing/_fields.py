@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._asgi import HttpError
+from ._http import HttpError
 
 __all__ = ["content_texts", "conversation", "max_tokens", "require_messages", "require_str"]
 

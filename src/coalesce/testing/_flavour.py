@@ -10,12 +10,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from ._asgi import Send, send_json
+from starlette.responses import Response
+
 from ._engine import Answer, Prompt, ReplyContext
 from ._faults import FAULT_STATUS, Fault
+from ._http import json_response
 from ._ratelimit import RateDecision
 
-__all__ = ["Flavour", "StreamEvent", "error_body", "fault_error", "send_error"]
+__all__ = ["Flavour", "StreamEvent", "error_body", "error_response", "fault_error"]
 
 #: One server-sent event: (event name, data, weight). The weight is the event's share
 #: of the decoding time (its text length); 0 for events that carry no text.
@@ -64,20 +66,15 @@ def fault_error(flavour: Flavour, fault: Fault) -> tuple[int, dict[str, Any]]:
     return status, error_body(flavour, status, f"simulated fault: {fault.value}")
 
 
-async def send_error(
-    send: Send,
-    flavour: Flavour,
-    status: int,
-    message: str,
-    headers: Mapping[str, str] | None = None,
-) -> None:
-    """Send an error answer in the flavour's shape.
+def error_response(
+    flavour: Flavour, status: int, message: str, headers: Mapping[str, str] | None = None
+) -> Response:
+    """Return an error answer in the flavour's shape.
 
     Args:
-        send: The ASGI send callable.
         flavour: The API the request was for.
         status: The HTTP status.
         message: What went wrong.
         headers: Further headers.
     """
-    await send_json(send, status, error_body(flavour, status, message), headers or {})
+    return json_response(error_body(flavour, status, message), status, headers)

@@ -9,25 +9,26 @@ time to first token) after the simulated latency, streamed or not.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
+from starlette.responses import Response
 
 from ._accounting import RequestRecord
 from ._anthropic import ANTHROPIC
-from ._asgi import Receive, Send, SimulatedDisconnect, send_json, send_start, wait_for_disconnect
+from ._call import Call, Simulation
 from ._context import output_refusal, refusal, window_for
-from ._engine import Answer, Prompt, ReplyContext, compose, count_text, prompt_tokens, split_pieces
+from ._engine import Answer, Prompt, ReplyContext, compose, prompt_tokens, split_pieces
 from ._faults import HTTP_FAULTS, Fault
-from ._flavour import Flavour, StreamEvent, error_body, fault_error, send_error
-from ._latency import Delays, compute_delays, pace
+from ._flavour import Flavour, error_body, error_response, fault_error
+from ._http import Unanswered, json_response
+from ._latency import Delays, compute_delays
 from ._openai import OPENAI, reply_tier
 from ._ratelimit import RateDecision, retry_headers
 from ._responses import RESPONSES
-from ._routing import Call, Simulation
+from ._sending import Ending, hang, streamed, whole
+from ._tokens import count_text
 
 __all__ = ["chat_completions", "compose_answer", "generate", "messages", "responses"]
 
@@ -35,19 +36,19 @@ __all__ = ["chat_completions", "compose_answer", "generate", "messages", "respon
 _CONNECTION_FAULTS = frozenset({Fault.HANG, Fault.DISCONNECT})
 
 
-async def chat_completions(call: Call) -> None:
+async def chat_completions(call: Call) -> Response:
     """``POST /v1/chat/completions``."""
-    await generate(call, OPENAI)
+    return await generate(call, OPENAI)
 
 
-async def responses(call: Call) -> None:
+async def responses(call: Call) -> Response:
     """``POST /v1/responses``."""
-    await generate(call, RESPONSES)
+    return await generate(call, RESPONSES)
 
 
-async def messages(call: Call) -> None:
+async def messages(call: Call) -> Response:
     """``POST /v1/messages``."""
-    await generate(call, ANTHROPIC)
+    return await generate(call, ANTHROPIC)
 
 
 def compose_answer(sim: Simulation, prompt: Prompt, faults: frozenset[Fault]) -> Answer:
@@ -85,7 +86,7 @@ class _Turn:
         sim, prompt = self.call.sim, self.prompt
         sim.ledger.add(
             RequestRecord(
-                api=self.flavour.api, model=prompt.model, api_key=self.call.request.api_key,
+                api=self.flavour.api, model=prompt.model, api_key=self.call.api_key,
                 items=self.clean.items, prompt_tokens=self.tokens_in,
                 completion_tokens=answer.completion_tokens if answer else 0, status=status,
                 faults=tuple(sorted([f.value for f in faults] + ([also] if also else []))),
@@ -98,8 +99,11 @@ class _Turn:
         )  # fmt: skip
 
 
-async def generate(call: Call, flavour: Flavour) -> None:
+async def generate(call: Call, flavour: Flavour) -> Response:
     """Answer one Chat Completions, Responses or Messages request.
+
+    The ``disconnect`` fault raises :class:`SimulatedDisconnect` while the response
+    returned is sent, half-way through it.
 
     Args:
         call: The request.
@@ -107,40 +111,33 @@ async def generate(call: Call, flavour: Flavour) -> None:
 
     Raises:
         HttpError: The request is invalid.
-        SimulatedDisconnect: The ``disconnect`` fault dropped the connection.
     """
     turn, decision = _admit(call, flavour)
     if decision is None:
-        await _too_long(turn)
-        return
+        return _too_long(turn)
     if not decision.allowed:
-        await _refuse(turn, decision)
-        return
+        return _refuse(turn, decision)
     flex = call.sim.flex.refusal(flavour, turn.tier, turn.prompt.model)
     if flex is not None:
-        await _flex_refuse(turn, *flex)
-        return
+        return _flex_refuse(turn, *flex)
     faults = call.sim.faults.next()
     http_faults = sorted(faults & HTTP_FAULTS)
     if http_faults:
-        await _fail(turn, http_faults[0])
-        return
-    await _answer(turn, faults)
+        return _fail(turn, http_faults[0])
+    return await _answer(turn, faults)
 
 
 def _admit(call: Call, flavour: Flavour) -> tuple[_Turn, RateDecision | None]:
     """Parse and count the request, and charge it to the caller's rate limit (not if
     it is too long for the model's context window: no decision then)."""
-    sim, body = call.sim, call.request.json_object()
+    sim, body = call.sim, call.json_object()
     prompt = flavour.parse(body)
     started = sim.clock.now()
     tokens_in = prompt_tokens(prompt, count_text)
     clean = compose_answer(sim, prompt, frozenset())
     decision = None
     if _refusal(sim, flavour, prompt, tokens_in) is None:
-        decision = sim.limiter.check(
-            call.request.api_key, tokens_in + clean.completion_tokens, started
-        )
+        decision = sim.limiter.check(call.api_key, tokens_in + clean.completion_tokens, started)
     ctx = ReplyContext(
         sim.next_id(flavour.id_prefix), int(sim.clock.unix(started)), tokens_in, prompt, body
     )
@@ -169,7 +166,7 @@ def _refusal(sim: Simulation, flavour: Flavour, prompt: Prompt, tokens_in: int) 
     return refusal(flavour.api, window, tokens_in, prompt.max_tokens)
 
 
-async def _too_long(turn: _Turn) -> None:
+def _too_long(turn: _Turn) -> Response:
     """Answer ``400``: the request asks more output than the model writes, or its prompt
     and completion limit exceed the context window."""
     message = _refusal(turn.call.sim, turn.flavour, turn.prompt, turn.tokens_in) or ""
@@ -178,15 +175,15 @@ async def _too_long(turn: _Turn) -> None:
         too_long = "context length" in message
         body["error"]["code"] = "context_length_exceeded" if too_long else "invalid_value"
     turn.record(400, None, frozenset())
-    await send_json(turn.call.send, 400, body, turn.headers)
+    return json_response(body, 400, turn.headers)
 
 
-async def _refuse(turn: _Turn, decision: RateDecision) -> None:
+def _refuse(turn: _Turn, decision: RateDecision) -> Response:
     """Answer ``429``: the caller is over its rate limit."""
     turn.record(429, None, frozenset())
     message = _rate_message(turn.prompt.model, decision)
     headers = {**turn.headers, **retry_headers(decision.retry_after)}
-    await send_error(turn.call.send, turn.flavour, 429, message, headers)
+    return error_response(turn.flavour, 429, message, headers)
 
 
 def _rate_message(model: str, decision: RateDecision) -> str:
@@ -202,62 +199,51 @@ def _rate_message(model: str, decision: RateDecision) -> str:
     )
 
 
-async def _flex_refuse(turn: _Turn, status: int, body: dict[str, Any]) -> None:
+def _flex_refuse(turn: _Turn, status: int, body: dict[str, Any]) -> Response:
     """Answer a flex request its refusal: no capacity (``429``) or no flex for the model."""
     turn.record(status, None, frozenset(), also=str(body["error"].get("code") or ""))
-    await send_json(turn.call.send, status, body, turn.headers)
+    return json_response(body, status, turn.headers)
 
 
-async def _fail(turn: _Turn, fault: Fault) -> None:
+def _fail(turn: _Turn, fault: Fault) -> Response:
     """Answer with the error status of an injected fault."""
     status, body = fault_error(turn.flavour, fault)
     turn.record(status, None, frozenset({fault}))
     extra = retry_headers(turn.call.sim.time_scale) if status == 429 else {}
-    await send_json(turn.call.send, status, body, {**turn.headers, **extra})
+    return json_response(body, status, {**turn.headers, **extra})
 
 
-async def _answer(turn: _Turn, faults: frozenset[Fault]) -> None:
+async def _answer(turn: _Turn, faults: frozenset[Fault]) -> Response:
     """Answer after the simulated latency, as damaged as the faults say."""
-    sim, prompt, call = turn.call.sim, turn.prompt, turn.call
+    sim, prompt = turn.call.sim, turn.prompt
     answer = turn.clean
     if faults - _CONNECTION_FAULTS:
         answer = compose_answer(sim, prompt, faults)
     applied = answer.faults | (faults & _CONNECTION_FAULTS)
     turn, delays = _prefill(turn, answer.completion_tokens)
+    ending = Ending(lambda status: turn.record(status, answer if status == 200 else None, applied))
     drop = Fault.DISCONNECT in faults
-    recorded = False
-
-    def done() -> None:
-        # Logged before the answer's last byte, so that a client that read the whole
-        # answer always finds its request in the ledger.
-        nonlocal recorded
-        recorded = True
-        turn.record(200, answer, applied)
-
     try:
-        if Fault.HANG in faults and await _hang(
-            sim.fault_plan.hang_seconds * sim.time_scale, call.receive
+        if Fault.HANG in faults and await hang(
+            sim.fault_plan.hang_seconds * sim.time_scale, turn.call.request
         ):
-            return
+            ending.gone()
+            return Unanswered()
         if prompt.stream:
             events = turn.flavour.stream(answer, split_pieces(answer.text), turn.ctx)
-            await _send_stream(
-                call.send, turn.flavour, events, delays, turn.headers, drop=drop, done=done
-            )
-        else:
-            await anyio.sleep(delays.total)
-            body = turn.flavour.render(answer, turn.ctx)
-            await _send_reply(call.send, body, turn.headers, drop=drop, done=done)
-    finally:
-        if not recorded:  # the client went away before the answer was complete
-            turn.record(499, None, applied)
+            return streamed(turn.flavour, events, delays, turn.headers, ending, drop=drop)
+        await anyio.sleep(delays.total)
+    except BaseException:  # cancelled: the client went away before the answer was complete
+        ending.gone()
+        raise
+    return whole(turn.flavour.render(answer, turn.ctx), turn.headers, ending, drop=drop)
 
 
 def _prefill(turn: _Turn, tokens_out: int) -> tuple[_Turn, Delays]:
     """Read the prompt cache, time the answer, and cache what the request writes (usable
     once its first token is out)."""
     sim, prompt, started = turn.call.sim, turn.prompt, turn.started
-    scope = (turn.call.request.api_key, prompt.model)
+    scope = (turn.call.api_key, prompt.model)
     use = sim.prompt_cache.lookup(prompt.cache, scope, turn.tokens_in, started, count_text)
     slowdown = sim.flex.slowdown(turn.tier)
     delays = _delays(sim, prompt.model, turn.tokens_in, tokens_out, use.read, slowdown)
@@ -273,74 +259,3 @@ def _delays(
         sim.latency.profile_for(model), tokens_in, tokens_out, time_scale=sim.time_scale * slowdown,
         jitter=sim.latency.jitter, noise=sim.jitter_rng.random(), cached_tokens=cached,
     )  # fmt: skip
-
-
-async def _hang(seconds: float, receive: Receive) -> bool:
-    """Sleep ``seconds``; return ``True`` early if the client disconnects first."""
-    gone = False
-    async with anyio.create_task_group() as group:
-
-        async def watch() -> None:
-            nonlocal gone
-            await wait_for_disconnect(receive)
-            gone = True
-            group.cancel_scope.cancel()
-
-        group.start_soon(watch)
-        await anyio.sleep(seconds)
-        group.cancel_scope.cancel()
-    return gone
-
-
-async def _send_reply(
-    send: Send,
-    value: dict[str, Any],
-    headers: dict[str, str],
-    *,
-    drop: bool,
-    done: Callable[[], None],
-) -> None:
-    body = json.dumps(value, ensure_ascii=False).encode()
-    all_headers = {**headers, "content-type": "application/json", "content-length": str(len(body))}
-    await send_start(send, 200, all_headers)
-    if drop:
-        await send(
-            {"type": "http.response.body", "body": body[: len(body) // 2], "more_body": True}
-        )
-        raise SimulatedDisconnect("simulated fault: the connection dropped mid-response")
-    done()
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-async def _send_stream(
-    send: Send,
-    flavour: Flavour,
-    events: list[StreamEvent],
-    delays: Delays,
-    headers: dict[str, str],
-    *,
-    drop: bool,
-    done: Callable[[], None],
-) -> None:
-    stream_headers = {**headers, "content-type": "text/event-stream", "cache-control": "no-cache"}
-    await send_start(send, 200, stream_headers)
-    # Each piece is due at a fixed offset from the start, so a busy event loop delays a
-    # piece but not every piece after it (a real server's decoding does not slow down
-    # because its client is busy).
-    due = anyio.current_time() + delays.first_token
-    await anyio.sleep_until(due)
-    pauses = pace(delays.decode, [weight for _, _, weight in events])
-    content = sum(1 for _, _, weight in events if weight)
-    sent = 0
-    for (event, data, weight), pause in zip(events, pauses, strict=True):
-        if weight:
-            if drop and sent >= content // 2:
-                raise SimulatedDisconnect("simulated fault: the connection dropped mid-stream")
-            due += pause
-            await anyio.sleep_until(due)
-            sent += 1
-        await send(
-            {"type": "http.response.body", "body": flavour.sse(event, data), "more_body": True}
-        )
-    done()
-    await send({"type": "http.response.body", "body": flavour.done, "more_body": False})

@@ -25,8 +25,9 @@ from typing import Any
 
 import anyio
 import httpx2
+from starlette.types import ASGIApp, Message, Scope
 
-from ._asgi import ASGIApp, Message, Scope, SimulatedDisconnect
+from ._http import SimulatedDisconnect
 
 __all__ = ["SimulatedTransport", "asgi_scope", "in_process_client"]
 

@@ -14,12 +14,14 @@ import json
 import math
 from typing import Any
 
+from starlette.responses import Response
+
 from ._anthropic import ANTHROPIC
-from ._asgi import HttpError, send_body
 from ._batch_lines import batch_page, batch_usage, find_batch, jsonl, limit, store_batch
 from ._batch_rules import OverLimit, duplicates, invalid_anthropic_ids, page_body, page_size
 from ._batches import Batch, LineResult, anthropic_status, lines_done
-from ._routing import Call, Simulation
+from ._call import Call, Simulation
+from ._http import HttpError
 
 __all__ = [
     "cancel_message_batch",
@@ -71,20 +73,20 @@ def _limit_message(over: OverLimit) -> str:
     )
 
 
-async def create_message_batch(call: Call) -> None:
+async def create_message_batch(call: Call) -> Response:
     """``POST /v1/messages/batches``: a batch of Messages requests.
 
     Raises:
         HttpError: The requests are invalid (400), or the enqueued-token limit is
             reached (429).
     """
-    requests = _requests(call.request.json_object())
+    requests = _requests(call.json_object())
     usage = batch_usage(ANTHROPIC, requests)
     over = limit(call.sim, "anthropic", usage)
     if over is not None:
         raise HttpError(429, _limit_message(over), "rate_limit_error")
     batch = store_batch(call, ANTHROPIC, "msgbatch_sim", requests, {}, [], usage, validate=False)
-    await call.reply(_message_batch(call.sim, batch, call.request.base_url))
+    return call.reply(_message_batch(call.sim, batch, call.base_url))
 
 
 def _message_batch(sim: Simulation, batch: Batch, base_url: str) -> dict[str, Any]:
@@ -114,40 +116,40 @@ def _anthropic(sim: Simulation, batch_id: str) -> Batch:
     return find_batch(sim, batch_id, "anthropic")
 
 
-async def get_message_batch(call: Call) -> None:
+async def get_message_batch(call: Call) -> Response:
     """``GET /v1/messages/batches/{id}``."""
-    batch = _anthropic(call.sim, call.match["id"])
-    await call.reply(_message_batch(call.sim, batch, call.request.base_url))
+    batch = _anthropic(call.sim, call.id)
+    return call.reply(_message_batch(call.sim, batch, call.base_url))
 
 
-async def list_message_batches(call: Call) -> None:
+async def list_message_batches(call: Call) -> Response:
     """``GET /v1/messages/batches``: message batches, newest first, ``limit`` (default
     20, at most 1000) at a time, after ``after_id`` or before ``before_id``."""
-    query = call.request.query
+    query = call.query
     chosen, more = batch_page(
         call.sim, "anthropic", page_size(query, 1000),
         after=query.get("after_id"), before=query.get("before_id"),
     )  # fmt: skip
-    data = [_message_batch(call.sim, b, call.request.base_url) for b in chosen]
-    await call.reply(page_body(data, more))
+    data = [_message_batch(call.sim, b, call.base_url) for b in chosen]
+    return call.reply(page_body(data, more))
 
 
-async def cancel_message_batch(call: Call) -> None:
+async def cancel_message_batch(call: Call) -> Response:
     """``POST /v1/messages/batches/{id}/cancel``: cancel it if it is still running."""
-    batch = _anthropic(call.sim, call.match["id"])
-    if _message_batch(call.sim, batch, call.request.base_url)["processing_status"] == "in_progress":
+    batch = _anthropic(call.sim, call.id)
+    if _message_batch(call.sim, batch, call.base_url)["processing_status"] == "in_progress":
         batch.cancel_at = call.sim.clock.now()
-    await call.reply(_message_batch(call.sim, batch, call.request.base_url))
+    return call.reply(_message_batch(call.sim, batch, call.base_url))
 
 
-async def message_batch_results(call: Call) -> None:
+async def message_batch_results(call: Call) -> Response:
     """``GET /v1/messages/batches/{id}/results``: one JSON line per request.
 
     Raises:
         HttpError: The batch has not ended.
     """
-    batch = _anthropic(call.sim, call.match["id"])
-    if _message_batch(call.sim, batch, call.request.base_url)["processing_status"] != "ended":
+    batch = _anthropic(call.sim, call.id)
+    if _message_batch(call.sim, batch, call.base_url)["processing_status"] != "ended":
         raise HttpError(400, f"batch {batch.id} has not ended yet; its results are not available")
     done = lines_done(batch.timeline, math.inf if batch.cancel_at is None else batch.cancel_at)
     undone = "canceled" if batch.cancel_at is not None else "expired"
@@ -157,7 +159,7 @@ async def message_batch_results(call: Call) -> None:
         json.dumps({"custom_id": custom_id, "result": outcome}, ensure_ascii=False)
         for custom_id, outcome in zip(batch.custom_ids, outcomes, strict=True)
     ]
-    await send_body(call.send, 200, jsonl(lines), "application/binary", {})
+    return Response(jsonl(lines), media_type="application/binary")
 
 
 def _outcome(result: LineResult) -> dict[str, Any]:

@@ -4,14 +4,17 @@ server, the SDKs' clients); its configuration and state are
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from os import PathLike
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from starlette.applications import Starlette
+from starlette.types import Receive, Scope, Send
+
 from ._accounting import RequestRecord, SimulatorStatistics
-from ._app import handle
-from ._asgi import Receive, Scope, Send
+from ._app import create_app
 from ._batches import BatchSubmission
 from ._config import load_config, provider_options
 from ._degradation import degraded_output
@@ -113,7 +116,12 @@ class SimulatedProvider(ProviderState):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI entry point."""
-        await handle(self, scope, receive, send)
+        await self._app(scope, receive, send)
+
+    @functools.cached_property
+    def _app(self) -> Starlette:
+        """The Starlette app that serves this provider (:mod:`~coalesce.testing._app`)."""
+        return create_app(self)
 
     @property
     def requests(self) -> tuple[RequestRecord, ...]:

@@ -1,5 +1,5 @@
 """The simulated provider's configuration and state: what its endpoints read and
-change (:class:`~coalesce.testing._routing.Simulation`), checked and built once."""
+change (:class:`~coalesce.testing._call.Simulation`), checked and built once."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import itertools
 import random
 import uuid
 
-from coalesce._exceptions import ConfigurationError
+from coalesce.exceptions import ConfigurationError
 
 from ._accounting import Ledger
 from ._batches import BatchStore, BatchTiming

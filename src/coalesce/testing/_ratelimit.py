@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from coalesce._exceptions import ConfigurationError
+from coalesce.exceptions import ConfigurationError
 
 __all__ = [
     "Bucket",

@@ -15,11 +15,11 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ._asgi import HttpError
 from ._cache import openai_cache_request
 from ._engine import Answer, Prompt, ReplyContext
 from ._fields import conversation, max_tokens, require_str
 from ._flavour import StreamEvent
+from ._http import HttpError
 from ._openai import OPENAI, reply_tier
 from ._ratelimit import RateDecision
 from ._tools import described_schema, forced_function

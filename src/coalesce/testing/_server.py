@@ -8,8 +8,9 @@ import threading
 from types import TracebackType
 
 import anyio.to_thread
+from starlette.types import ASGIApp
 
-from ._asgi import ASGIApp, SimulatedDisconnect
+from ._http import SimulatedDisconnect
 
 __all__ = ["ServerThread"]
 

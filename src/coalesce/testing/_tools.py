@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._asgi import HttpError
+from ._http import HttpError
 from ._wire import parse_packed
 
 __all__ = ["ForcedTool", "any_object", "described_schema", "forced_function"]
