@@ -3,10 +3,9 @@
 500 support tickets arrive as a Poisson stream and are tagged (category, sentiment,
 urgency) through ``coalesce.prompt`` with the official openai SDK, four ways side by
 side: one call per item (with and without the provider's prompt cache), fixed groups
-of 20, and coalesced at a latency budget. By
-default the provider is the simulated one, started in its own process and reached
-over real HTTP, so no API key is needed; ``--live`` sends the same run to the real
-provider.
+of 20, and coalesced at a latency budget. By default the provider is the simulated one,
+started in its own process and reached over real HTTP, so no API key is needed;
+``--live`` sends the same run to the real provider.
 """
 
 from __future__ import annotations
@@ -423,8 +422,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--plot", default="coalesce-demo.png", help="PNG to write ('' for none)")
     parser.add_argument("--live", action="store_true", help="use the real provider (needs a key)")
     args = parser.parse_args(argv)
-    if args.items < 1 or args.rate <= 0 or args.budget <= 0 or args.max_wait < 0:
-        parser.error("--items, --rate and --budget must be positive, --max-wait >= 0")
     if args.live:
         if not os.environ.get("OPENAI_API_KEY"):
             parser.error("--live needs OPENAI_API_KEY in the environment")

@@ -1,14 +1,10 @@
 """``@coalesce.prompt``: an LLM function whose concurrent calls share one packed prompt.
 
 The decorated function's signature is the item, its return annotation the output
-schema and its docstring the shared instructions. ``await f(x)`` from any event loop
-(forwarded to the loop its batcher serves), ``f.sync(x)`` from synchronous code,
-``f.map(items)`` / ``f.sync.map(items)`` for many items (:mod:`coalesce._sync`). This
-module only translates: the
+schema and its docstring the shared instructions. This module only translates: the
 call's arguments into an item, the decorator's keywords into a
-:class:`~coalesce._engine.spec.FunctionSpec` and :class:`~coalesce._engine.spec.Options`; the
-:class:`~coalesce._engine.engine.Engine` does the rest (grouping, packing, splitting,
-re-asking, planning, statistics).
+:class:`~coalesce._engine.spec.FunctionSpec` and :class:`~coalesce._engine.spec.Options`;
+the :class:`~coalesce._engine.engine.Engine` does the rest.
 """
 
 from __future__ import annotations

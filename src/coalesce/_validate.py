@@ -1,28 +1,11 @@
 """Checks shared by every public entry point.
 
-The option checks raise :class:`~coalesce.ConfigurationError` naming the option, the
-value it got and the range it accepts, at decoration time rather than on the first
-call; :func:`partition_of` names a partition function that fails one call.
-
-One call's item is checked in two steps, each raising
-:class:`~coalesce.InvalidInputError` for that call alone and naming where in the item
-the problem is, as a JSON path (``$.tags[2]``, ``$["a b"]``: :func:`json_path`):
-
-* :func:`jsonable` turns the caller's arguments into JSON data (pydantic's
-  conversion: models, dataclasses, dates...), refusing binary data and objects it
-  cannot convert;
-* :func:`encode_item` writes that data as canonical JSON, refusing what strict JSON
-  cannot carry: NaN or infinity, a lone surrogate, which UTF-8 cannot encode, a key
-  that is not a string or a number, a circular reference, any other object.
-
-Both search the item for the offending part with one walk (:func:`_search`). Before
-either, :func:`bind_arguments` fits a call to its function's signature (a ``TypeError``
-naming the function and the parameter) and :class:`ArgumentTypes` checks each argument
-against its annotation with pydantic (an :class:`~coalesce.InvalidInputError` naming
-the function and the parameter).
-
-:func:`warn_caller` aims a warning at the user's line, the first frame outside
-coalesce and the event loop running it.
+Option checks raise :class:`~coalesce.ConfigurationError` at decoration time. One
+call's item is checked in two steps, :func:`jsonable` (to JSON data) then
+:func:`encode_item` (to strict, canonical JSON), each raising
+:class:`~coalesce.InvalidInputError` for that call alone, naming where in the item the
+problem is as a JSON path (``$.tags[2]``, ``$["a b"]``), found by one walk
+(:func:`_search`).
 """
 
 from __future__ import annotations
@@ -113,13 +96,8 @@ def partition_of(
     *,
     receives: str,
 ) -> Hashable:
-    """What the user's ``partition`` function says of one call: a hashable key.
-
-    Args:
-        partition: The ``partition=`` option.
-        args: Its positional arguments for this call.
-        kwargs: Its keyword arguments for this call.
-        receives: What those are, for the message (``"the call's arguments"``).
+    """What the user's ``partition`` function says of one call (its ``args`` and
+    ``kwargs``, which ``receives`` names for the message): a hashable key.
 
     Raises:
         ConfigurationError: ``partition`` raised (the cause), or returned a value that
@@ -154,14 +132,8 @@ def bind_arguments(
     name: str,
     shown: inspect.Signature | None = None,
 ) -> inspect.BoundArguments:
-    """``args`` and ``kwargs`` bound to ``signature``, its defaults applied.
-
-    Args:
-        signature: The function's signature.
-        args: The call's positional arguments (``self`` first, on a method).
-        kwargs: Its keyword arguments.
-        name: The function's name, for the message.
-        shown: The signature its callers see (without ``self`` on a method).
+    """``args`` (``self`` first, on a method) and ``kwargs`` bound to ``signature``, its
+    defaults applied; ``shown`` is the signature callers see (without ``self``).
 
     Raises:
         TypeError: The arguments do not fit: the message names the function, each
@@ -227,12 +199,7 @@ class ArgumentTypes:
     def __init__(
         self, signature: inspect.Signature, hints: Mapping[str, Any], *, name: str
     ) -> None:
-        """
-        Args:
-            signature: The function's signature.
-            hints: Its resolved annotations (``typing.get_type_hints``).
-            name: The function's name, for the messages.
-        """
+        """``hints``: the resolved annotations (``typing.get_type_hints``)."""
         self.name = name
         self._checks: dict[str, tuple[Any, pydantic.TypeAdapter[Any]]] = {}
         for parameter in signature.parameters.values():
@@ -248,11 +215,8 @@ class ArgumentTypes:
                 self._checks[parameter.name] = (hint, adapter)
 
     def check(self, arguments: Mapping[str, Any], field: Callable[[str], str]) -> None:
-        """Validate each argument against its parameter's annotation.
-
-        Args:
-            arguments: The bound arguments, by parameter name.
-            field: The JSON path of a parameter's value in the item (``"$"``, ``"$.text"``).
+        """Validate each bound argument against its parameter's annotation; ``field``
+        gives the JSON path of a parameter's value in the item (``"$"``, ``"$.text"``).
 
         Raises:
             InvalidInputError: An argument does not validate: naming the function, the
@@ -319,12 +283,7 @@ _NOT_THE_CALLER = ("coalesce", "anyio", "asyncio", "trio")
 
 def warn_caller(message: str, category: type[Warning]) -> None:
     """Warn, pointing at the first frame outside coalesce and the event loop running it
-    (what Python 3.12's ``skip_file_prefixes`` does, on 3.10 too).
-
-    Args:
-        message: The warning's text.
-        category: Its class (:class:`~coalesce.CoalesceWarning`).
-    """
+    (what Python 3.12's ``skip_file_prefixes`` does, on 3.10 too)."""
     warnings.warn(message, category, stacklevel=_outside_stacklevel())
 
 
@@ -340,12 +299,8 @@ def _outside_stacklevel() -> int:
 
 
 def json_path(path: str, key: Any) -> str:
-    """The JSON path of ``key`` under ``path``: ``$.text``, or ``$["a b"]`` (ASCII-escaped).
-
-    Args:
-        path: The path of the object holding ``key`` (``"$"`` for the item itself).
-        key: A key of that object (not necessarily a string).
-    """
+    """The JSON path of ``key`` (not necessarily a string) under ``path`` (``"$"``: the
+    item): ``$.text``, or ``$["a b"]`` (ASCII-escaped)."""
     name = str(key)
     if name.isidentifier() and name.isascii():
         return f"{path}.{name}"
@@ -547,10 +502,8 @@ def _refused(subject: str, field: str, path: str, value: Any) -> InvalidInputErr
         return InvalidInputError(
             f"{subject}{where} is {kind}, which a prompt cannot carry: {fix}", field=path
         )
-    shown = repr(value)
-    shown = shown if len(shown) <= 60 else shown[:57] + "..."
     return InvalidInputError(
-        f"{subject}{where} is of type {kind} ({shown}), which cannot be sent as JSON: pass str,"
+        f"{subject}{where} is of type {kind} ({_short(value)}), which cannot be sent as JSON: pass str,"
         " numbers, bools, None, lists, dicts, dataclasses or pydantic models",
         field=path,
     )
@@ -560,10 +513,7 @@ def _refused(subject: str, field: str, path: str, value: Any) -> InvalidInputErr
 
 
 def check_item(item: Any) -> None:
-    """Refuse an item that cannot be sent as strict JSON.
-
-    Args:
-        item: The call's input, already converted to JSON-able Python data.
+    """Refuse an item (JSON-able Python data) that cannot be sent as strict JSON.
 
     Raises:
         InvalidInputError: If it holds NaN or infinity, a lone surrogate (in a string or
@@ -581,9 +531,6 @@ _CANONICAL = json.JSONEncoder(
 
 def encode_item(item: Any) -> tuple[str, int]:
     """The item's canonical JSON (sorted keys, compact) and its size in UTF-8 bytes.
-
-    Args:
-        item: The call's input, already converted to JSON-able Python data.
 
     Raises:
         InvalidInputError: As :func:`check_item`.

@@ -146,7 +146,7 @@ def test_add_items_returns_only_items_that_still_need_work(store: JobStore) -> N
     keys = add(store, 4)
     plan(store, keys[:1], keys[1:3])
     lines = store.job_lines(store.list_jobs()[0].id)
-    store.record_line_result(lines[1].custom_id, {keys[1]: "ok"}, {keys[2]: "invalid"})
+    store.record_line_results([(lines[1].custom_id, {keys[1]: "ok"}, {keys[2]: "invalid"})])
     assert store.add_items([row(n) for n in range(5)]) == [keys[2], keys[3], row(4).key]
 
 
@@ -155,7 +155,7 @@ def test_pending_items_filters_by_function_and_failed(store: JobStore) -> None:
     other = store.add_items([row(9, function="summarise")])
     plan(store, keys[:1])
     cid = store.job_lines(store.list_jobs()[0].id)[0].custom_id
-    store.record_line_result(cid, {}, {keys[0]: "bad"})
+    store.record_line_results([(cid, {}, {keys[0]: "bad"})])
     assert [i.key for i in store.pending_items("tag")] == [keys[1]]
     assert [i.key for i in store.pending_items(include_failed=True)] == [keys[0], keys[1], *other]
     assert [i.key for i in store.pending_items("summarise")] == other
@@ -232,7 +232,7 @@ def test_plan_job_refuses_an_item_that_cannot_go_in_a_line(
     if setup in ("assigned", "done"):
         cid = store.job_lines(plan(store, keys[:1]).id)[0].custom_id
         if setup == "done":
-            store.record_line_result(cid, {keys[0]: 1}, {})
+            store.record_line_results([(cid, {keys[0]: 1}, {})])
     bad = {"unknown": "0" * 64}.get(setup, keys[0])
     model = "other" if setup == "model" else "m"
     carried = [keys[1], bad, bad] if setup == "twice" else [keys[1], bad]
@@ -307,7 +307,7 @@ def test_record_line_result_settles_each_item(store: JobStore) -> None:
     keys = add(store, 3)
     job = plan(store, keys)
     cid = store.job_lines(job.id)[0].custom_id
-    store.record_line_result(cid, {keys[0]: {"tag": "billing"}}, {keys[1]: "invalid tag"})
+    store.record_line_results([(cid, {keys[0]: {"tag": "billing"}}, {keys[1]: "invalid tag"})])
     got = items(store, keys)
     assert [(i.state, i.result, i.error) for i in got] == [
         ("done", {"tag": "billing"}, None),
@@ -315,7 +315,7 @@ def test_record_line_result_settles_each_item(store: JobStore) -> None:
         ("pending", None, f"line {cid} gave no output for this item"),
     ]
     assert store.job_lines(job.id)[0].state == "done"
-    store.record_line_result(cid, {keys[0]: {"tag": "other"}}, {keys[1]: "invalid tag"})
+    store.record_line_results([(cid, {keys[0]: {"tag": "other"}}, {keys[1]: "invalid tag"})])
     again = items(store, keys)
     assert [(i.state, i.result, i.error, i.line) for i in again] == [
         (i.state, i.result, i.error, i.line) for i in got
@@ -325,7 +325,7 @@ def test_record_line_result_settles_each_item(store: JobStore) -> None:
 def test_a_line_without_any_result_is_failed(store: JobStore) -> None:
     keys = add(store, 2)
     job = plan(store, keys)
-    store.record_line_result(store.job_lines(job.id)[0].custom_id, {}, {keys[0]: "x"})
+    store.record_line_results([(store.job_lines(job.id)[0].custom_id, {}, {keys[0]: "x"})])
     assert store.job_lines(job.id)[0].state == "failed"
 
 
@@ -333,11 +333,11 @@ def test_record_line_result_refuses_keys_the_line_does_not_carry(store: JobStore
     keys = add(store, 2)
     cid = store.job_lines(plan(store, keys[:1]).id)[0].custom_id
     with pytest.raises(ConfigurationError, match=f"does not carry items \\['{keys[1]}'\\]"):
-        store.record_line_result(cid, {keys[0]: 1, keys[1]: 2}, {})
+        store.record_line_results([(cid, {keys[0]: 1, keys[1]: 2}, {})])
     with pytest.raises(ConfigurationError, match="both a result and a failure"):
-        store.record_line_result(cid, {keys[0]: 1}, {keys[0]: "x"})
+        store.record_line_results([(cid, {keys[0]: 1}, {keys[0]: "x"})])
     with pytest.raises(ConfigurationError, match="no line 'nope'"):
-        store.record_line_result("nope", {}, {})
+        store.record_line_results([("nope", {}, {})])
     assert states(store, keys) == ["assigned", "pending"]
 
 
@@ -345,7 +345,7 @@ def test_expire_line_returns_its_unfinished_items_to_pending(store: JobStore) ->
     keys = add(store, 4)
     job = plan(store, keys[:2], keys[2:])
     first, second = (ln.custom_id for ln in store.job_lines(job.id))
-    store.record_line_result(first, {keys[0]: "a", keys[1]: "b"}, {})
+    store.record_line_results([(first, {keys[0]: "a", keys[1]: "b"}, {})])
     assert store.expire_line(second) == keys[2:]
     assert store.expire_line(first) == []
     assert [ln.state for ln in store.job_lines(job.id)] == ["done", "expired"]
@@ -361,9 +361,9 @@ def test_a_late_result_from_an_expired_line_is_kept(store: JobStore) -> None:
     old = store.job_lines(plan(store, keys).id)[0].custom_id
     store.expire_line(old)
     new = store.job_lines(plan(store, keys).id)[0].custom_id
-    store.record_line_result(old, {keys[0]: "early"}, {keys[1]: "late failure"})
+    store.record_line_results([(old, {keys[0]: "early"}, {keys[1]: "late failure"})])
     assert [(i.state, i.line) for i in items(store, keys)] == [("done", old), ("assigned", new)]
-    store.record_line_result(new, {keys[0]: "second", keys[1]: "fine"}, {})
+    store.record_line_results([(new, {keys[0]: "second", keys[1]: "fine"}, {})])
     assert [i.result for i in items(store, keys)] == ["early", "fine"]
 
 
@@ -372,7 +372,7 @@ def test_finish_job_releases_its_unanswered_lines_and_records_cost(store: JobSto
     job = plan(store, keys[:1], keys[1:])
     first = store.job_lines(job.id)[0].custom_id
     store.mark_submitted(job.id, "batch-1")
-    store.record_line_result(first, {keys[0]: "ok"}, {})
+    store.record_line_results([(first, {keys[0]: "ok"}, {})])
     store.finish_job(job.id, "expired", cost_usd=0.25)
     store.finish_job(job.id, "expired")
     finished = store.get_job(job.id)
@@ -391,7 +391,7 @@ def test_job_summary_counts_lines_and_items(store: JobStore) -> None:
     keys = add(store, 4)
     job = plan(store, keys[:2], keys[2:3], keys[3:])
     a, b, _ = (ln.custom_id for ln in store.job_lines(job.id))
-    store.record_line_result(a, {keys[0]: 1}, {keys[1]: "x"})
+    store.record_line_results([(a, {keys[0]: 1}, {keys[1]: "x"})])
     store.expire_line(b)
     plan(store, keys[2:3])
     store.finish_job(job.id, "cancelled", cost_usd=1.5)
@@ -418,7 +418,7 @@ def test_a_new_store_on_the_same_file_sees_everything(tmp_path: Path) -> None:
     job = plan(first, keys[:2], keys[2:])
     first.mark_submitted(job.id, "batch-1")
     cid = first.job_lines(job.id)[0].custom_id
-    first.record_line_result(cid, {keys[0]: "a"}, {keys[1]: "b"})
+    first.record_line_results([(cid, {keys[0]: "a"}, {keys[1]: "b"})])
     seen = snapshot(first, keys)
     # No close(): a restart finds the store as the crashed process left it.
     second = JobStore(path)
@@ -621,7 +621,7 @@ class StoreMachine(RuleBasedStateMachine):
         outcome = {key: data.draw(st.sampled_from("rfm")) for key in chosen.item_keys}
         results = {k: next(self.results) for k, o in outcome.items() if o == "r"}
         failures = {k: "bad" for k, o in outcome.items() if o == "f"}
-        self.store.record_line_result(chosen.custom_id, results, failures)
+        self.store.record_line_results([(chosen.custom_id, results, failures)])
         for key, value in results.items():
             self.first_result.setdefault(key, value)
 

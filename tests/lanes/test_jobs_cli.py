@@ -69,8 +69,10 @@ def two_jobs(path: Path) -> tuple[BatchJob, BatchJob, list[str]]:
         store.mark_uploaded(old.id, "file-old")
         store.mark_submitted(old.id, "batch_old")
         lines = store.job_lines(old.id)
-        store.record_line_result(lines[0].custom_id, {k: {"tag": k[:4]} for k in keys[0:2]}, {})
-        store.record_line_result(lines[1].custom_id, {}, {keys[2]: "invalid JSON"})
+        store.record_line_results(
+            [(lines[0].custom_id, {k: {"tag": k[:4]} for k in keys[0:2]}, {})]
+        )
+        store.record_line_results([(lines[1].custom_id, {}, {keys[2]: "invalid JSON"})])
         store.finish_job(old.id, "expired", cost_usd=0.0125)
         new = plan(store, [keys[3], keys[4]], provider="anthropic")
         store.mark_submitted(new.id, "msgbatch_new")

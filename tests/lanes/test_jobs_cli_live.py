@@ -27,10 +27,10 @@ from coalesce._lanes.jobs_live import (
     check_base_url,
     duration,
     json_value,
-    poll_every,
     progress_line,
 )
 from coalesce._lanes.records import BatchJob
+from coalesce._lanes.results import Poll
 from coalesce._lanes.store import JobStore
 from coalesce.cli import main
 from coalesce.providers import AnthropicProvider, OpenAIProvider
@@ -38,7 +38,7 @@ from coalesce.testing import SimulatedProvider
 
 Run = Callable[..., Any]
 #: The polls of ``--poll 0.005``: the simulator's durations are scaled down a thousandfold.
-FAST_POLL = poll_every(0.005)
+FAST_POLL = Poll.every(0.005)
 SUBMIT = {"openai": openai_jobs.submit, "anthropic": anthropic_jobs.submit}
 
 

@@ -1,20 +1,10 @@
 """Which lane a call takes: real time, flex or a batch job. Pure.
 
-A call's latency budget says how long its caller can wait; each lane has a time by
-which it can promise an answer, and a price:
-
-========  ==========================================  ===========================
-lane      answers within                              price
-========  ==========================================  ===========================
-realtime  seconds (the budget planner sizes groups)   list price
-flex      minutes (OpenAI ``service_tier="flex"``)    about half (batch prices)
-batch     the provider's completion window (24 h)     half
-========  ==========================================  ===========================
-
-With ``lane="auto"``, a call goes to the cheapest lane whose promise fits inside its
-budget, counting the time a deferred call waits to be collected. A call without a budget stays
-in real time: nobody said it may wait. A lane the provider lacks (Anthropic has no
-flex) is skipped.
+Each lane promises an answer by some time, at some price (the table in
+``docs/lanes.md``). With ``lane="auto"``, a call goes to the cheapest lane whose
+promise fits inside its budget, counting the time a deferred call waits to be
+collected. A call without a budget stays in real time: nobody said it may wait. A lane
+the provider lacks (Anthropic has no flex) is skipped.
 """
 
 from __future__ import annotations
@@ -88,14 +78,10 @@ def check_lane(lane: object, supported: Collection[Lane]) -> str:
 def choose_lane(
     lane: str, budget: float | None, supported: Collection[Lane], times: LaneTimes
 ) -> Lane:
-    """The lane of one call.
-
-    Args:
-        lane: The function's ``lane=`` option (checked by :func:`check_lane`).
-        budget: The call's latency budget in seconds, or ``None``.
-        supported: The lanes the provider offers (real time always).
-        times: When each deferred lane promises an answer.
-    """
+    """The lane of one call: from the function's ``lane=`` option (checked by
+    :func:`check_lane`), the call's ``budget`` in seconds (or ``None``), the lanes the
+    provider offers (``supported``; real time always) and when each deferred lane
+    promises an answer (``times``)."""
     if lane != "auto":
         return Lane(lane)
     if budget is None:
@@ -110,13 +96,7 @@ def choose_lane(
 def flex_again(left: float, delay: float, refusals: int, times: LaneTimes) -> bool:
     """Whether a call flex refused for capacity ``refusals`` times may be asked in flex
     again after waiting ``delay`` seconds: at most :data:`FLEX_RETRIES` times, and only
-    while the budget then left (of ``left`` now) still covers flex's promise and its
-    window, the rule by which :func:`choose_lane` sent it there.
-
-    Args:
-        left: Seconds left of the call's budget now (``inf`` without a deadline).
-        delay: The backoff before asking again.
-        refusals: How many times flex refused the call so far.
-        times: When each deferred lane promises an answer.
-    """
+    while the budget then left (of ``left`` now, ``inf`` without a deadline) still
+    covers flex's promise and its window (``times``), the rule by which
+    :func:`choose_lane` sent it there."""
     return refusals <= FLEX_RETRIES and left - delay >= times.flex + times.collect

@@ -1,18 +1,12 @@
 """The flex lane: OpenAI's flex processing, with real time as the fallback.
 
-A request with ``service_tier="flex"`` is billed at batch prices (half the list price)
-and answered like any other, only slower, and only when the provider has spare
-capacity: when it has none it refuses with ``429`` and the code
-``resource_unavailable``, and a refused request is not billed. A model without flex
-refuses it with ``400`` naming ``service_tier``.
-
-A refusal for capacity is not retried by the group runner (its retries are seconds
-apart, and the capacity comes back in minutes): :class:`FlexProvider` marks both
-refusals as not retryable so that the runner hands them back at once, and
-:func:`flex_refused` recognises them. The lane router then asks the call in flex
-again after a backoff (:data:`FLEX_BACKOFF`), while its budget still allows flex
-(:func:`~coalesce._lanes.choose.flex_again`), and otherwise in real time, at list
-price, with what is left of its budget. A model without flex goes to real time at once.
+A flex request is billed at batch prices, answered more slowly, and refused with
+``429`` ``resource_unavailable`` (not billed) when the provider has no spare capacity;
+a model without flex refuses it with ``400`` naming ``service_tier`` (``docs/lanes.md``).
+Capacity comes back in minutes, not the seconds the group runner retries after, so
+:class:`FlexProvider` marks both refusals as not retryable and :func:`flex_refused`
+recognises them; the lane router then asks again in flex after :data:`FLEX_BACKOFF`
+while the budget allows (:func:`~coalesce._lanes.choose.flex_again`), else in real time.
 """
 
 from __future__ import annotations

@@ -40,12 +40,11 @@ from coalesce._lanes.jobs_live import (
     follow_up_lines,
     outcome_line,
     plan_follow_ups,
-    poll_every,
     resume_job,
     wait_job,
 )
 from coalesce._lanes.records import BatchJob, JobSummary, Provider, StoredItem
-from coalesce._lanes.results import POLL_INTERVAL
+from coalesce._lanes.results import POLL_INTERVAL, Poll
 from coalesce._lanes.store import JobStore
 from coalesce._options import MAX_ATTEMPTS
 from coalesce._paths import default_store_path
@@ -73,9 +72,6 @@ _ID_HELP = f"local job id, a unique prefix of it (>= {MIN_PREFIX} characters), o
 
 LIVE_COMMANDS = frozenset({"wait", "cancel", "resume"})
 """The commands that talk to the provider (the others only read the store)."""
-
-DEFAULT_POLL = POLL_INTERVAL
-"""The longest wait, in seconds, between two polls of a batch."""
 
 BROKEN_PIPE = 128 + 13
 """The exit code when stdout's reader left early: that of a command ended by SIGPIPE."""
@@ -137,9 +133,9 @@ def _add_live_commands(commands: Any, store: argparse.ArgumentParser) -> None:
     live.add_argument(
         "--poll",
         type=_seconds,
-        default=DEFAULT_POLL,
+        default=POLL_INTERVAL,
         metavar="SECONDS",
-        help=f"longest wait between polls, backing off from 5 s (default: {DEFAULT_POLL:g})",
+        help=f"longest wait between polls, backing off from 5 s (default: {POLL_INTERVAL:g})",
     )
     helps = {
         "wait": "poll the job's batch until it is final (progress on stderr), collect its"
@@ -400,7 +396,7 @@ async def _run_live(args: argparse.Namespace) -> list[str]:
         act = wait_job if args.command == "wait" else cancel_job
         async with connect(job.provider, args.base_url) as conn:
             with conn.calls():
-                outcome = await act(store, conn, job, poll_every(args.poll), _display(job))
+                outcome = await act(store, conn, job, Poll.every(args.poll), _display(job))
         # A cancelled job's items are the program's to ask again; resume asks the rest.
         hint = PROGRAM_HINT if outcome.state == "cancelled" else RESUME_HINT
         return [outcome_line(job, outcome, hint), *_show(store, job.id)]
@@ -439,7 +435,7 @@ async def _finish_all(
     for job in jobs:
         conn = conns[job.provider]
         with conn.calls():
-            outcome = await resume_job(store, conn, job, poll_every(poll), _display(job))
+            outcome = await resume_job(store, conn, job, Poll.every(poll), _display(job))
         lines.append(outcome_line(job, outcome, hint))
     return lines
 

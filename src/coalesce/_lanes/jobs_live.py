@@ -54,7 +54,6 @@ __all__ = [
     "json_value",
     "outcome_line",
     "plan_follow_ups",
-    "poll_every",
     "progress_line",
     "resume_job",
     "wait_job",
@@ -70,10 +69,6 @@ class ProviderFailure(Exception):
 
 
 # --- progress: pure ------------------------------------------------------------------
-
-#: A batch's progress as one poll saw it (counts from each provider's batch object).
-openai_progress = openai_jobs.progress
-anthropic_progress = anthropic_jobs.progress
 
 
 def duration(seconds: float) -> str:
@@ -199,7 +194,7 @@ API: Mapping[Provider, Api] = {
         "OPENAI_BASE_URL",
         retrieve=lambda client, batch_id: client.batches.retrieve(batch_id),
         cancel=lambda client, batch_id: client.batches.cancel(batch_id),
-        progress=openai_progress,
+        progress=openai_jobs.progress,
         submit=lambda store, client, job, poll: openai_jobs.submit(store, client, job, poll),
         collect=openai_jobs.collect,
         refused=openai_jobs.token_refused,
@@ -211,7 +206,7 @@ API: Mapping[Provider, Api] = {
         "ANTHROPIC_BASE_URL",
         retrieve=lambda client, batch_id: client.messages.batches.retrieve(batch_id),
         cancel=lambda client, batch_id: client.messages.batches.cancel(batch_id),
-        progress=anthropic_progress,
+        progress=anthropic_jobs.progress,
         submit=anthropic_jobs.submit,
         collect=anthropic_jobs.collect,
     ),
@@ -330,18 +325,14 @@ async def resume_job(
 def follow_up_lines(
     store: JobStore, max_attempts: int, provider: Provider | None = None
 ) -> list[tuple[BatchJob, list[StoredLine]]]:
-    """Each job with lines ``resume`` sends again, and those lines, oldest job first.
+    """Each job with lines ``resume`` sends again (only ``provider``'s, unless ``None``),
+    and those lines, oldest job first.
 
     They are the lines that got no answer (an expired batch, a 429 or 5xx; see
     :meth:`~coalesce._lanes.store.JobStore.unanswered_lines`) whose items were asked
-    fewer than ``max_attempts`` times. Items released from a line that was answered in
-    part are not among them: asking them needs the function's instructions and output
-    type.
-
-    Args:
-        store: The job store.
-        max_attempts: Most lines one item may be sent in, the follow-up included.
-        provider: Only this provider's jobs (``None``: every provider's).
+    fewer than ``max_attempts`` times, the follow-up included. Items released from a
+    line that was answered in part are not among them: asking them needs the
+    function's instructions and output type.
     """
     by_job: dict[str, list[StoredLine]] = {}
     for line in store.unanswered_lines():
@@ -416,8 +407,3 @@ def job_cost(job: BatchJob, outcome: JobOutcome) -> float:
     process; NaN when the model has no price."""
     price = price_for(job.model)
     return sum((lane_cost(line.usage, price, job.lane) for line in outcome.usage), 0.0)
-
-
-def poll_every(longest: float) -> Poll:
-    """Polls from 5 s (or ``longest`` if shorter), backing off by 1.5 up to ``longest``."""
-    return Poll.every(longest)

@@ -19,10 +19,12 @@ __all__ = ["LineWrites"]
 class LineWrites(StoreConnection):
     """The line writes of :class:`~coalesce._lanes.store.JobStore`."""
 
-    def record_line_result(
-        self, custom_id: str, results: Mapping[str, Any], failures: Mapping[str, str]
+    def record_line_results(
+        self, answers: Sequence[tuple[str, Mapping[str, Any], Mapping[str, str]]]
     ) -> None:
-        """Record a line's answers: ``results`` (item key → JSON) and ``failures`` (→ error).
+        """Record each line's answers, ``(custom_id, results, failures)``: ``results``
+        (item key → JSON) and ``failures`` (→ error), in one transaction: one commit (one
+        fsync) for a job's thousands of lines. All or none are recorded.
 
         Items with a result become ``done`` (a result is kept even from an expired line;
         an item already done keeps its first result); items with a failure become
@@ -33,17 +35,6 @@ class LineWrites(StoreConnection):
         Raises:
             ConfigurationError: no such line, a key the line does not carry, a key in
                 both mappings, or a result that is not JSON.
-        """
-        self.record_line_results([(custom_id, results, failures)])
-
-    def record_line_results(
-        self, answers: Sequence[tuple[str, Mapping[str, Any], Mapping[str, str]]]
-    ) -> None:
-        """:meth:`record_line_result` for many lines, in one transaction: one commit
-        (one fsync) for a job's thousands of lines. All or none are recorded.
-
-        Raises:
-            ConfigurationError: as :meth:`record_line_result`, for any line.
         """
         encoded = [
             (custom_id, _encoded(results, failures), failures)
@@ -86,7 +77,7 @@ def _record_line(
     failures: Mapping[str, str],
     now: float,
 ) -> None:
-    """One line's answers, inside the caller's transaction (see ``record_line_result``)."""
+    """One line's answers, inside the caller's transaction (see ``record_line_results``)."""
     carried = require_carried(cur, custom_id, path)
     strangers = (encoded.keys() | failures.keys()) - set(carried)
     if strangers:

@@ -1,19 +1,9 @@
 """Batch-API lines: one packed request per line, chunked to the providers' limits. Pure.
 
-A batch job is a list of lines, each one request under a ``custom_id``. On the batch
-lane each line carries a *packed* request (several items under one set of
-instructions), so the batch discount and the shared-instruction saving multiply.
-
-* OpenAI (Batch API): a JSONL file of ``{"custom_id", "method": "POST", "url":
-  "/v1/chat/completions", "body": ...}`` lines, at most 50,000 lines and 200 MB per
-  file. Results come back as a JSONL file of ``{"custom_id", "response": {"status_code",
-  "body"}, "error"}`` lines, in any order; lines that did not finish are in the error
-  file.
-* Anthropic (Message Batches): a list of ``{"custom_id", "params": ...}`` requests, at
-  most 100,000 and 256 MB per batch. Results are ``{"custom_id", "result": {"type":
-  "succeeded" | "errored" | "canceled" | "expired", ...}}``.
-
-:func:`chunk` splits lines into jobs within those limits; :func:`read_openai_line` and
+A batch job is a list of lines, each one request under a ``custom_id``; on the batch
+lane each line carries a *packed* request, so the batch discount and the
+shared-instruction saving multiply. :func:`chunk` splits lines into jobs within the
+providers' limits (``docs/lanes.md``); :func:`read_openai_line` and
 :func:`read_anthropic_result` turn one result into a :class:`LineOutcome`: the reply's
 text, or why there is none and whether asking again may help.
 """

@@ -87,18 +87,10 @@ async def poll_until(
     poll: Poll,
     on_wait: Callable[[T, float], None] | None = None,
 ) -> T:
-    """``ask()`` until ``final`` says its answer is, waiting ``poll``'s waits between
-    (tenacity's ``AsyncRetrying``, sleeping through ``anyio`` so virtual clocks apply).
-
-    Args:
-        ask: One look (a batch retrieved, a row read).
-        final: Whether an answer ends the polling.
-        poll: The waits.
-        on_wait: Told each answer that was not final and the wait that follows it.
-
-    Returns:
-        The final answer. An error of ``ask`` ends the polling, unchanged.
-    """
+    """``ask()`` (one look: a batch retrieved, a row read) until ``final`` says its answer
+    is, waiting ``poll``'s waits between (tenacity's ``AsyncRetrying``, sleeping through
+    ``anyio`` so virtual clocks apply); ``on_wait`` is told each answer that was not
+    final and the wait that follows it. An error of ``ask`` ends the polling, unchanged."""
 
     def waiting(state: RetryCallState) -> None:
         if on_wait is not None and state.outcome is not None and state.next_action:
@@ -123,15 +115,9 @@ async def poll_batch(
     progress: Callable[[Any], Progress],
     poll: Poll | None = None,
 ) -> Any:
-    """Poll a batch, with backoff, until it is final; the final batch. Each poll is
-    logged at ``DEBUG``, the end at ``INFO``.
-
-    Args:
-        batch_id: The provider's id of the batch.
-        retrieve: The SDK's method that reads a batch by its id.
-        progress: The provider's reading of a batch.
-        poll: The waits (default: :class:`Poll`'s).
-    """
+    """Poll a batch (``retrieve``: the SDK's method reading it by id; ``progress``: the
+    provider's reading of it), with ``poll``'s backoff, until it is final; the final
+    batch. Each poll is logged at ``DEBUG``, the end at ``INFO``."""
 
     def waiting(batch: Any, delay: float) -> None:
         seen = progress(batch)

@@ -157,37 +157,13 @@ def _load(text: str | None) -> Any:
 
 
 def item_from_row(row: sqlite3.Row) -> StoredItem:
-    """An ``items`` row as a record."""
-    return StoredItem(
-        key=row["key"],
-        function=row["function"],
-        model=row["model"],
-        input=_load(row["input"]),
-        state=row["state"],
-        line=row["line"],
-        result=_load(row["result"]),
-        error=row["error"],
-        attempts=row["attempts"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-    )
+    """An ``items`` row as a record (its columns are the record's fields)."""
+    return StoredItem(**{**dict(row), "input": _load(row["input"]), "result": _load(row["result"])})
 
 
 def job_from_row(row: sqlite3.Row) -> BatchJob:
-    """A ``jobs`` row as a record."""
-    return BatchJob(
-        id=row["id"],
-        provider=row["provider"],
-        model=row["model"],
-        lane=row["lane"],
-        state=row["state"],
-        input_file_id=row["input_file_id"],
-        provider_batch_id=row["provider_batch_id"],
-        metadata=MappingProxyType(json.loads(row["metadata"])),
-        cost_usd=row["cost_usd"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-    )
+    """A ``jobs`` row as a record (its columns are the record's fields)."""
+    return BatchJob(**{**dict(row), "metadata": MappingProxyType(json.loads(row["metadata"]))})
 
 
 def job_metadata_json(job_id: str, metadata: Mapping[str, str] | None) -> str:
@@ -202,11 +178,5 @@ def job_metadata_json(job_id: str, metadata: Mapping[str, str] | None) -> str:
 
 def line_from_row(row: sqlite3.Row, item_keys: tuple[str, ...]) -> StoredLine:
     """A ``lines`` row, and the keys it carries, as a record."""
-    return StoredLine(
-        custom_id=row["custom_id"],
-        job_id=row["job_id"],
-        request=MappingProxyType(json.loads(row["request"])),
-        state=row["state"],
-        attempt=row["attempt"],
-        item_keys=item_keys,
-    )
+    request = MappingProxyType(json.loads(row["request"]))
+    return StoredLine(**{**dict(row), "request": request}, item_keys=item_keys)

@@ -13,7 +13,7 @@ leaves the store exactly as it was.
 
 States::
 
-    item  pending ──plan_job──▶ assigned ──record_line_result──▶ done | failed
+    item  pending ──plan_job──▶ assigned ──record_line_results──▶ done | failed
              ▲                     │   (an item the line did not answer: pending)
              └──expire_line────────┘   (failed items may be planned again)
 
@@ -40,12 +40,7 @@ class JobStore(JobWrites, LineWrites, JobQueries, ItemTable):
 
     One connection per store, shared by threads under a lock; the runner calls these
     methods through ``anyio.to_thread``. Several processes may open the same file: SQLite
-    serialises their writes. Its methods live by concern: the connection and custom ids
-    (:class:`~coalesce._lanes.connection.StoreConnection`), items
-    (:class:`~coalesce._lanes.item_table.ItemTable`), job writes
-    (:class:`~coalesce._lanes.job_writes.JobWrites`), line writes
-    (:class:`~coalesce._lanes.line_writes.LineWrites`) and reads of jobs and lines
-    (:class:`~coalesce._lanes.job_queries.JobQueries`).
+    serialises their writes. Its methods live by concern in its bases.
 
     Args:
         path: The store file; :func:`~coalesce._paths.default_store_path` when

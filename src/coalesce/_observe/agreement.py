@@ -52,12 +52,8 @@ AgreementTuple = tuple[int, int, float, float]
 
 
 def merged_agreement(tables: Iterable[Mapping[int, AgreementTuple]]) -> dict[int, Agreement]:
-    """Several tables of agreement per group size, added up (one table: itself).
-
-    Args:
-        tables: Each source's agreement by group size (``wrap``'s kinds of call each
-            shadow on their own, and report together per model).
-    """
+    """Several tables of agreement per group size, added up (one table: itself): ``wrap``'s
+    kinds of call each shadow on their own, and report together per model."""
     tables = list(tables)
     if len(tables) == 1:
         return {size: Agreement(*numbers) for size, numbers in tables[0].items()}

@@ -39,6 +39,7 @@ __all__ = [
     "UnmeetableEvent",
     "logger",
     "option_changes",
+    "plural",
 ]
 
 logger = logging.getLogger("coalesce")
@@ -92,7 +93,7 @@ class CallEvent:
             line += f", waited {_seconds(self.wait)} for company"
         if self.requests:
             noun = "request" if len(self.requests) == 1 else "requests"
-            line += f"; {noun} {', '.join(self.requests)}, {_count(self.attempts, 'attempt')}"
+            line += f"; {noun} {', '.join(self.requests)}, {plural(self.attempts, 'attempt')}"
         return line
 
 
@@ -123,7 +124,7 @@ class DispatchEvent:
 
     def __str__(self) -> str:
         line = f"{self.function}: {_group(self.group)} dispatched ({self.reason}):"
-        line += f" {_count(self.items, 'call')}"
+        line += f" {plural(self.items, 'call')}"
         if self.predicted is not None:
             line += f", predicted {_seconds(self.predicted)}"
         if self.time_left is not None:
@@ -180,8 +181,8 @@ class RequestEvent:
         head = f"{self.function}: request {self.request_id or '?'} ({self._context()}):"
         took = "" if self.seconds is None else f" after {_seconds(self.seconds)}"
         if self.error is not None:
-            return f"{head} {_count(self.items, 'item')} failed{took}: {_error(self.error)}"
-        line = f"{head} {_count(self.items, 'item')}"
+            return f"{head} {plural(self.items, 'item')} failed{took}: {_error(self.error)}"
+        line = f"{head} {plural(self.items, 'item')}"
         if self.seconds is not None:
             line += f" in {_seconds(self.seconds)}"
         if self.predicted is not None:
@@ -461,7 +462,8 @@ def _seconds(value: float) -> str:
     return f"{value:.2f} s"
 
 
-def _count(n: int, noun: str) -> str:
+def plural(n: int, noun: str) -> str:
+    """``"1 call"``, ``"2 calls"``."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 

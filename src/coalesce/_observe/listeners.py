@@ -289,15 +289,9 @@ class UsageShares(NoObserver):
 
 
 def apportion(total: int, weights: Sequence[float]) -> list[int]:
-    """Split ``total`` in proportion to ``weights``; the parts sum to ``total`` exactly.
-
-    Largest remainders get the leftover units; zero or negative weights everywhere
-    split evenly.
-
-    Args:
-        total: What to split (non-negative).
-        weights: One weight per part.
-    """
+    """Split ``total`` (non-negative) in proportion to ``weights``; the parts sum to
+    ``total`` exactly: the largest remainders get the leftover units, and zero or
+    negative weights everywhere split evenly."""
     if not weights:
         return []
     positive = [max(0.0, w) for w in weights]
@@ -320,15 +314,10 @@ def split_usage(
 ) -> list[tuple[int, int]]:
     """Each item's (prompt, completion) tokens of one packed request.
 
-    The prompt's shared part (what is not any item's own input) is split evenly, each
-    item's own input is its own; completion tokens go by each answer's size. Both sum
-    to the request's totals.
-
-    Args:
-        prompt_tokens: The request's prompt tokens.
-        completion_tokens: The request's completion tokens.
-        own_inputs: Estimated tokens of each item's input.
-        own_outputs: Estimated tokens of each item's answer (0 if it had none).
+    The prompt's shared part (what is not any item's estimated input, ``own_inputs``)
+    is split evenly, each item's own input is its own; completion tokens go by each
+    answer's estimated size (``own_outputs``, 0 for none). Both sum to the request's
+    totals.
     """
     count = len(own_inputs)
     shared = max(0, prompt_tokens - sum(own_inputs))

@@ -1,22 +1,12 @@
 """Why calls went out as plain calls: the statistics part ``plain_calls``.
 
-A call is sent plain (its item alone, without the packing format) for one of a few
-reasons, and a user who sees "saved 0%" needs to know which. :class:`PlainListener`, a
-listener of the group runner, reads each first request that carries one item, with
-what the dispatch listener noted of its group, and counts its calls in
-:class:`PlainCounts` by reason:
-
-* ``"screened"``: its item reads like instructions, so it never shares a prompt;
-* ``"cold"``: no reply of the function had been measured yet: the cold start's probe,
-  or a group the prior sized too small to pay;
-* ``"pinned"``: no group can pay for its packing (``smallest_paying_group`` is
-  ``None``, or the group cap stands below it);
-* ``"alone"``: nobody else came within its window;
-* ``"below_paying"``: its group was smaller than the smallest that pays.
-
-Only first asks are counted: re-asks, shadow calls and the vote's requests are not
-calls sent plain (they are counted in ``reasks``, ``shadow_requests`` and
-``vote_requests``).
+A user who sees "saved 0%" needs to know why calls were sent plain (their item alone).
+:class:`PlainListener`, a listener of the group runner, reads each first request that
+carries one item, with what the dispatch listener noted of its group, and counts its
+calls in :class:`PlainCounts` by reason (the reasons are those of
+:attr:`~coalesce.PromptStatistics.plain_calls`). Only first asks are counted: re-asks,
+shadow calls and the vote's requests are counted in ``reasks``, ``shadow_requests``
+and ``vote_requests``.
 """
 
 from __future__ import annotations

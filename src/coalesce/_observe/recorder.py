@@ -38,6 +38,7 @@ from .events import (
     RetryEvent,
     ShadowEvent,
     UnmeetableEvent,
+    plural,
 )
 from .savings import Savings, Shares, lane_cost
 from .telemetry import Telemetry
@@ -392,9 +393,9 @@ class Counts:
 
     def summary(self, waiting: int = 0) -> str:
         """See :meth:`PromptRecorder.summary`."""
-        calls = _plural(self.calls, "call") + (f" ({waiting} waiting)" if waiting else "")
+        calls = plural(self.calls, "call") + (f" ({waiting} waiting)" if waiting else "")
         flight = f" ({self.in_flight} in flight)" if self.in_flight else ""
-        line = f"{calls}, {_plural(self.requests, 'request')}{flight}"
+        line = f"{calls}, {plural(self.requests, 'request')}{flight}"
         if self.requests:
             line += f", {self.items / self.requests:.1f} items/request"
         return line
@@ -506,14 +507,9 @@ class PromptRecorder:
         predicted: float | None = None,
         time_left: float | None = None,
     ) -> int:
-        """Record a group of ``items`` calls dispatched for ``reason``; return its number.
-
-        Args:
-            reason: Why it left its window (a :class:`~coalesce.DispatchReason`).
-            items: Calls in it.
-            predicted: The planner's predicted seconds for a request carrying it.
-            time_left: Seconds left of its tightest budget, if any call had one.
-        """
+        """Record a group of ``items`` calls dispatched for ``reason`` (a
+        :class:`~coalesce.DispatchReason`); return its number. ``predicted``: the planner's
+        seconds for a request carrying it; ``time_left``: of its tightest budget, if any."""
         reason = str(reason)
         group = self.counts.dispatched(reason)
         if self._telemetry is not None:
@@ -526,13 +522,8 @@ class PromptRecorder:
         return group
 
     def request_sent(self, items: int, *, reask: bool = False) -> int:
-        """Count one request of ``items`` items as it is sent; return its local number
-        (1 for the function's first request).
-
-        Args:
-            items: Items in its prompt.
-            reask: Whether it asks again for items an earlier reply failed.
-        """
+        """Count one request of ``items`` items (``reask``: asking again for items an earlier
+        reply failed) as it is sent; return its local number (1 for the function's first)."""
         return self.counts.request_sent(items, reask)
 
     def contradicted(self, ids: tuple[str, ...]) -> None:
@@ -604,15 +595,8 @@ class PromptRecorder:
         reask: bool = False,
         label: RequestLabel = UNLABELLED,
     ) -> None:
-        """Record one request that failed as a whole, after its retries.
-
-        Args:
-            items: Items in its prompt.
-            error: What failed it.
-            seconds: Seconds from sending to the failure.
-            reask: Whether it asked again for items an earlier reply failed.
-            label: Which request it was (its id, group, attempt and prediction).
-        """
+        """Record one request that failed as a whole, after its retries (``seconds`` from
+        sending; ``reask`` and ``label`` as :meth:`request_finished`'s)."""
         self.counts.request_ended(failed=True)
         if self._telemetry is not None:
             self._telemetry.request_failed(reask)
@@ -676,11 +660,7 @@ class PromptRecorder:
 
     def summary(self, waiting: int = 0) -> str:
         """The calls and requests so far, for a live ``repr``: ``"412 calls, 61
-        requests (1 in flight), 6.8 items/request"``.
-
-        Args:
-            waiting: Calls not sent yet (in a window, or queued for a request slot).
-        """
+        requests (1 in flight), 6.8 items/request"``; ``waiting``: calls not sent yet."""
         return self.counts.summary(waiting)
 
     def __repr__(self) -> str:
@@ -688,10 +668,6 @@ class PromptRecorder:
             f"<PromptRecorder {self.function} model={self.model!r} calls={self.counts.calls}"
             f" requests={self.counts.requests}>"
         )
-
-
-def _plural(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 # --- combining and showing snapshots -------------------------------------------------
@@ -863,7 +839,7 @@ def _plain(stats: PromptStatistics) -> str:
         f"{n:,} {_PLAIN.get(reason, reason)}" for reason, n in stats.plain_calls.items()
     )
     paying = stats.smallest_paying_group
-    return f"{_plural(total, 'call')}: {reasons} (paying from {paying if paying else '-'})"
+    return f"{plural(total, 'call')}: {reasons} (paying from {paying if paying else '-'})"
 
 
 def _tokens(stats: PromptStatistics) -> str:

@@ -110,7 +110,6 @@ class Savings:
         """Add one packed (or plain) reply of ``items`` items; return its figures.
 
         Args:
-            items: Items in its prompt.
             usage: The tokens the provider reported, or ``None`` (nothing is added).
             shares: How its tokens split (see :class:`Shares`).
             reask: Whether it asked again for items an earlier reply failed: its items

@@ -89,14 +89,9 @@ def check_progress(progress: object) -> ProgressOption:
 def display(
     progress: ProgressOption, label: str, total: int, stream: TextIO | None = None
 ) -> Display | None:
-    """The display ``progress=`` asks for, or ``None`` for none.
-
-    Args:
-        progress: ``True`` (a bar on a terminal only), ``"always"`` or ``False``.
-        label: What is counted (the function's name).
-        total: How many calls.
-        stream: Where to draw (default: standard error).
-    """
+    """The display ``progress=`` asks for (``True``: a bar on a terminal only,
+    ``"always"``, ``False``), counting ``total`` calls of ``label`` on ``stream``
+    (default: standard error); ``None`` for none."""
     if progress is False:
         return None
     stream = sys.stderr if stream is None else stream

@@ -1,34 +1,15 @@
-"""Incremental split of a streamed multi-item reply.
+"""Incremental split of a streamed multi-item reply (``docs/protocol.md``).
 
-:class:`ResultScanner` finds, in text arriving chunk by chunk, each complete result:
-
-* wire format 2: each ``"<id>": <output>`` member of a *results object*, the object
-  value of a ``"results"`` key (at any depth), or a top-level object with a member
-  keyed by one of the request's ids (the wrapper left out; from that member on); the
-  output may be any JSON value;
-* wire format 1: each object inside a *results array*, the array value of a
-  ``"results"`` key (at any depth), or an array that starts at top level (a bare list
-  of results).
-
-Prose and code fences around the JSON are skipped; a ``{`` or ``[`` in prose that
-turns out not to be JSON is dropped at the first character that cannot continue it,
-and scanning restarts there.
-
-Every character is looked at a bounded number of times and a result's text is
-joined once, when it completes, so the work is linear in the reply's length whatever
-the chunking. Chunks may split the text anywhere, even inside an escape sequence.
+:class:`ResultScanner` finds, in text arriving chunk by chunk, each complete result of
+either wire format, skipping prose and code fences around the JSON; every character is
+looked at a bounded number of times, so the work is linear in the reply's length
+whatever the chunking (chunks may split the text anywhere, even inside an escape).
 
 :class:`StreamSplitter` turns those results into per-id events as soon as each one
-completes. Its rules, and why:
-
-* An id's **first complete occurrence decides it**, valid or not. A later occurrence of
-  a decided id is ignored and reported (:attr:`IgnoreReason.DUPLICATE`): the caller
-  already has its answer (or its failure is already on its way to a re-ask), and an
-  answer cannot be taken back.
-* So a duplicate of an id whose first occurrence was invalid also changes nothing: the
-  id stays failed (``INVALID``). The splitter never picks between candidates.
-* Ids the request did not carry are reported (:attr:`IgnoreReason.UNKNOWN`) and resolve
-  nobody. Ids are compared after ``str()``, never by position.
+completes. An id's **first complete occurrence decides it**, valid or not: an answer
+cannot be taken back, so a later occurrence is ignored and reported
+(:attr:`IgnoreReason.DUPLICATE`), as is an id the request did not carry
+(:attr:`IgnoreReason.UNKNOWN`).
 """
 
 from __future__ import annotations
@@ -106,15 +87,8 @@ class ResultScanner:
         return self._mode == _CAPTURE or any(f.results for f in self._stack)
 
     def feed(self, chunk: str) -> list[Found]:
-        """Scan one more chunk.
-
-        Args:
-            chunk: The next piece of the reply.
-
-        Returns:
-            Each result completed by this chunk, in order: its text, and its key when
-            it is a member of a results object (format 2).
-        """
+        """Scan one more chunk; return each result it completed, in order: its text, and its
+        key when it is a member of a results object (format 2)."""
         found: list[Found] = []
         pos, end = 0, len(chunk)
         while pos < end:

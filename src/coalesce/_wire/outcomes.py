@@ -126,11 +126,8 @@ class Found(NamedTuple):
 
 
 def read_result(found: Found) -> Occurrence | None:
-    """Read one complete result.
-
-    Args:
-        found: A keyed output (format 2), or a ``{"id": ..., "output": ...}`` object's
-            text, braces included (format 1).
+    """Read one complete result: a keyed output (format 2), or a ``{"id": ..., "output":
+    ...}`` object's text, braces included (format 1).
 
     Returns:
         The occurrence, or ``None`` when no id can be read from it, or it is an echo of
@@ -181,12 +178,7 @@ def read_whole(text: str, ids: Collection[str]) -> list[Occurrence | None] | Non
     results: ``{"results": {"<id>": <output>, ...}}`` or ``{"results": [{...}, ...]}``,
     no key twice in any of its objects. Read as :func:`read_result` reads each result
     the scanner finds in it (in order), at the cost of one parse; ``None`` for any other
-    reply, which the scanner must read (prose around it, a cut, a key given twice).
-
-    Args:
-        text: The reply.
-        ids: The request's ids.
-    """
+    reply, which the scanner must read (prose around it, a cut, a key given twice)."""
     if "results" in ids:  # the scanner would read the wrapper's own key as an id
         return None
     try:
@@ -230,15 +222,8 @@ def _read_malformed(text: str) -> Occurrence | None:
 
 
 def judge(occurrence: Occurrence, validate: Callable[[Any], T]) -> tuple[bool, Any]:
-    """Validate one occurrence.
-
-    Args:
-        occurrence: The result read from the reply.
-        validate: Converts a raw output to the caller's type; any exception means invalid.
-
-    Returns:
-        ``(True, value)`` or ``(False, ItemFailure)``.
-    """
+    """Validate one occurrence: ``(True, value)`` or ``(False, ItemFailure)``; any
+    exception of ``validate`` means invalid."""
     if not occurrence.has_output:
         reason = "not valid JSON" if isinstance(occurrence.raw, str) else "without an output"
         error = f"the reply's result for this call was {reason}"
@@ -251,13 +236,9 @@ def judge(occurrence: Occurrence, validate: Callable[[Any], T]) -> tuple[bool, A
 
 
 def absent(item_id: str, *, truncated: bool, reply: str | None = None) -> ItemFailure:
-    """The failure of an id the reply never gave a result for.
-
-    Args:
-        item_id: The id (the message does not name it: the caller never saw it).
-        truncated: Whether the reply was cut off.
-        reply: The reply's text (or its start), shown in the caller's error.
-    """
+    """The failure of an id the reply (``reply``: its text or start, shown in the caller's
+    error; cut off if ``truncated``) never gave a result for; the message does not name
+    the id, which the caller never saw."""
     if truncated:
         error = "the reply was cut off before its result for this call"
         return ItemFailure(FailureKind.TRUNCATED, None, error, reply)
@@ -265,10 +246,7 @@ def absent(item_id: str, *, truncated: bool, reply: str | None = None) -> ItemFa
 
 
 def check_ids(ids: Iterable[str]) -> tuple[str, ...]:
-    """Return the ids as a tuple, checking they are unique strings.
-
-    Args:
-        ids: A request's item ids.
+    """Return a request's ids as a tuple, checking they are unique strings.
 
     Raises:
         ConfigurationError: An id is not a string or appears twice.
@@ -282,15 +260,11 @@ def check_ids(ids: Iterable[str]) -> tuple[str, ...]:
 
 
 def failure_error(item_id: str, failure: ItemFailure, *, attempts: int = 1) -> ItemError:
-    """The exception a caller receives for a failure it gives up on.
+    """The exception a caller receives for a failure it gives up on, after ``attempts``
+    requests (``item_id``: its id in the last one).
 
     ``DUPLICATE`` maps to :class:`~coalesce.InvalidOutputError`: the caller's output
     exists but cannot be trusted.
-
-    Args:
-        item_id: The item's id in the last request that carried it.
-        failure: Its failure in that request's reply.
-        attempts: How many requests carried the item.
     """
     classes: dict[FailureKind, type[ItemError]] = {
         FailureKind.MISSING: MissingOutputError,

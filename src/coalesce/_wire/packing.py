@@ -1,29 +1,13 @@
 """Wire format 2: pack many callers' items into one prompt, split the reply back.
 
-A packed request is two messages (see ``docs/protocol.md``):
-
-* **system**: the user's shared instructions, then a description of the reply format.
-  Both are the same for every request of one function, so provider prompt caching
-  applies; nothing request-specific goes here.
-* **user**: exactly ``json.dumps([{"id": "1", "input": ...}, ...], ensure_ascii=False,
-  separators=(",", ":"))``.
-
-Ids are ``"1"``, ``"2"``, ... ``"n"`` in request order (:func:`make_ids`): short, unique,
-and a model that writes the number ``3`` for ``"3"`` still matches, since reply ids are
-compared after ``str()``. They are never used as positions.
-
-The reply is ``{"results": {"1": <output>, "2": <output>, ...}}``: each output keyed by
-its item's id, requested with :func:`~coalesce._wire.schema.build_reply_schema` where the provider constrains
-decoding. Format 1 replies (``{"results": [{"id": ..., "output": ...}, ...]}``) are
-still read: the frame around each answer costs about 2 tokens in format 2 and 7 in
-format 1, and output tokens are what a streamed caller waits for.
-
-What keeps one caller's text from steering another's answer (``docs/isolation.md``):
-an :class:`Isolation` says whether the system message tells the model that inputs are
-data (``notice``), whether string inputs are datamarked (``datamark``: whitespace
-replaced by a marker character, spotlighting's datamarking, arXiv 2403.14720) and
-whether the instructions are restated after the items (``sandwich``, the one change
-that adds text to the user message after the array).
+The contract is ``docs/protocol.md``. A packed request is a **system** message (the
+shared instructions, then the reply format: the same for every request of a function,
+so prompt caching applies) and a **user** message, the compact JSON array
+``[{"id": "1", "input": ...}, ...]``. Ids are ``"1"`` .. ``"n"`` (:func:`make_ids`),
+compared after ``str()``, never used as positions. The reply is
+``{"results": {"1": <output>, ...}}``; format 1 replies (a list of ``{"id", "output"}``)
+are still read. :class:`Isolation` holds the options that set items apart from the
+instructions (``docs/isolation.md``).
 """
 
 from __future__ import annotations
@@ -99,15 +83,12 @@ measured and why."""
 
 
 def mark(value: Any, marker: str) -> Any:
-    """``value`` with every run of whitespace in its strings replaced by ``marker``.
+    """``value`` with every run of whitespace in its strings replaced by ``marker`` (one
+    character; ``""`` changes nothing).
 
     Walks lists, dict values (keys are left alone) and pydantic models (dumped as JSON);
     other values are unchanged. A marker already in the text is kept, so an item cannot
     fake the end of its marking.
-
-    Args:
-        value: A JSON-able input.
-        marker: One character; ``""`` returns ``value`` unchanged.
     """
     if not marker:
         return value
@@ -151,11 +132,7 @@ def unmarked(validate: Callable[[Any], T], marker: str) -> Callable[[Any], T]:
 
 
 def make_ids(n: int) -> tuple[str, ...]:
-    """The ids of a request of ``n`` items: ``"1"`` to ``str(n)``.
-
-    Args:
-        n: Number of items.
-    """
+    """The ids of a request of ``n`` items: ``"1"`` to ``str(n)``."""
     return tuple(str(i) for i in range(1, n + 1))
 
 

@@ -1,21 +1,12 @@
-"""A group of one, asked as a plain call.
+"""A group of one, asked as a plain call (``docs/protocol.md``).
 
-A packed request pays for its format: the reply-format sentence, the reply schema's
-wrapper and the item's frame, about a sixth more prompt tokens than the same item
-asked on its own. A group of one gains nothing from packing, so it is sent as the
-application would send it without coalesce:
-
-* **system**: the instructions only (with a one-sentence reply format and the output
-  schema when the output is an object and the provider does not enforce a schema);
-* **user**: the item: a string as it is, anything else as compact JSON;
-* **reply schema**: the output schema itself (titles that only repeat a name left
-  out); none for a text output. An output whose root is not an object (a ``Literal``,
-  a number, a list) is asked for as ``{"answer": <output>}``, since OpenAI's structured
-  outputs and Anthropic's tool inputs take only an object as the root.
-
-The reply is the output itself (the text, for a text output), validated like a packed
-one; a failure gets the same :class:`~coalesce._wire.outcomes.ItemFailure` kinds, so
-re-asks work the same way.
+A packed request pays for its format (about a sixth more prompt tokens than the item
+asked on its own), which a group of one gains nothing from. So it is sent as the
+application would send it: the instructions as the system message (with the output
+schema when the provider does not enforce one), the item as the user message (a
+string as it is, else compact JSON), and the output schema itself as the reply schema,
+wrapped as ``{"answer": <output>}`` when its root is not an object. The reply is
+validated like a packed one, with the same failure kinds, so re-asks work the same way.
 """
 
 from __future__ import annotations

@@ -1,35 +1,16 @@
 """The screen: which items read like instructions, to be sent alone rather than packed.
 
-An item sent alone can only steer its own answer; packed, it is read by a model that is
-also answering its neighbours (``docs/isolation.md``). :func:`looks_like_instructions`
-is a cheap rule (regular expressions, no model) for the common shapes of an injected
-instruction, in English, French, German, Spanish, Italian, Portuguese, Russian and
-Chinese:
-
-* **strong** signs, each enough by itself: "ignore the previous instructions", "system
-  notice", "the task has changed", "new instructions", chat-template role tags
-  (``<|im_start|>``, ``[INST]``, ``<<SYS>>``, a line starting ``system:``), and text
-  that writes the packed format's own keys (``"id":``, ``"input":``, ``"results":``),
-  as an item that tries to close the array or forge another item's id would;
-* **weak** signs, flagging only two together: an address to every item or to the other
-  inputs ("for every item", "the other reviews", "these quotes", "mine and the rest"),
-  an address to the reader or the classifier ("whoever reads", "note to the
-  annotator"), an answer dictated ("the correct answer is", "answer positive",
-  "respond with", "mark each of them as"), an order to copy or repeat ("copy the text
-  of", "repeat the other"). Steering a neighbour takes naming the neighbours and
-  telling the reader what to answer, which is two signs however it is worded.
-
-It is a screen, not a proof: an attacker who knows it can word around it, and a
-review that happens to say "ignore the previous instructions" goes alone for nothing
-(a plain call: it costs the packing saving of one item, never its answer). Combine it
-with a classifier of your own through :func:`any_of`.
+:func:`looks_like_instructions` is a cheap rule (regular expressions, no model) for the
+common shapes of an injected instruction, in eight languages: one **strong** sign
+(:data:`STRONG_SIGNS`: "ignore the previous instructions", role tags, the packed
+format's own keys...) or two **weak** ones together (:data:`WEAK_SIGNS`: an address to
+the other items or to the reader, an answer dictated, an order to copy). Why, and what
+it costs: ``docs/isolation.md``. Combine it with a classifier of your own through
+:func:`any_of`.
 
 Cheap on every call: a sign's pattern is searched only in a text holding the words it
-cannot match without (:class:`Sign`), so an ordinary text costs one pass over its words
-rather than a search per pattern; it flags exactly what searching every pattern flags
-(``tests/wire/test_screen.py`` checks it, on every pattern and on the benchmarks' texts).
-
-Pure: no state, no I/O; ``Screen`` is any ``Callable[[Any], bool]`` over an item.
+cannot match without (:class:`Sign`), which flags exactly what searching every pattern
+flags (``tests/wire/test_screen.py`` checks it). Pure: no state, no I/O.
 """
 
 from __future__ import annotations
@@ -454,13 +435,9 @@ def any_of(*screens: Screen) -> Screen:
 
 
 def screen_of(option: bool | Screen | None) -> Screen | None:
-    """The screen a ``screen=`` option asks for.
-
-    Args:
-        option: ``True``: :func:`looks_like_instructions`; ``False`` or ``None``: none;
-            a callable: that screen (the user's own classifier; wrap it as
-            ``any_of(looks_like_instructions, mine)`` to keep the rule too).
-    """
+    """The screen a ``screen=`` option asks for: ``True``, :func:`looks_like_instructions`;
+    ``False`` or ``None``, none; a callable, that screen (the user's own classifier;
+    ``any_of(looks_like_instructions, mine)`` keeps the rule too)."""
     if option is True:
         return looks_like_instructions
     if option is False or option is None:
@@ -469,14 +446,9 @@ def screen_of(option: bool | Screen | None) -> Screen | None:
 
 
 def checked_screen(name: str, screen: Screen | None) -> Screen | None:
-    """``screen`` as a function's engine calls it: a screen that raises fails only the
-    call it was asked about, with a :class:`~coalesce.ConfigurationError` naming the
-    function and the screen (its exception as ``__cause__``).
-
-    Args:
-        name: The function's name, for the message.
-        screen: The screen, or ``None`` (none).
-    """
+    """``screen`` (or ``None``) as a function's engine calls it: a screen that raises fails
+    only the call it was asked about, with a :class:`~coalesce.ConfigurationError` naming
+    the function and the screen (its exception as ``__cause__``)."""
     if screen is None:
         return None
 

@@ -104,11 +104,7 @@ class Ledger:
         self._records: list[RequestRecord] = []
 
     def add(self, record: RequestRecord) -> None:
-        """Append one record.
-
-        Args:
-            record: The finished request.
-        """
+        """Append one finished request's record."""
         with self._lock:
             self._records.append(record)
 

@@ -64,21 +64,13 @@ _TABLE: list[tuple[str, str, Handler]] = [
 
 
 def flavour_of(path: str) -> Flavour:
-    """Return the API flavour of a path (Anthropic under ``/v1/messages``).
-
-    Args:
-        path: The request path.
-    """
+    """Return the API flavour of a path (Anthropic under ``/v1/messages``)."""
     return ANTHROPIC if path.startswith("/v1/messages") else OPENAI
 
 
 def create_app(sim: Simulation) -> Starlette:
     """The ASGI app that serves ``sim``: one route per endpoint; an :class:`HttpError`,
-    an unknown path (404) or method (405) answered in the API's own error shape.
-
-    Args:
-        sim: The provider.
-    """
+    an unknown path (404) or method (405) answered in the API's own error shape."""
     routes = [
         Route(path, _endpoint(sim, handler), methods=[method]) for method, path, handler in _TABLE
     ]

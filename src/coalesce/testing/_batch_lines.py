@@ -40,16 +40,9 @@ __all__ = [
 def answer_line(
     sim: Simulation, flavour: Flavour, body: Any, api_key: str, batch_id: str, finish: float
 ) -> tuple[int, dict[str, Any]]:
-    """Answer one batch line at once: (status, response body).
-
-    Args:
-        sim: The provider.
-        flavour: The API of the line.
-        body: The line's request body.
-        api_key: The key of the batch's creator.
-        batch_id: The batch, for the request log.
-        finish: When the line will be done.
-    """
+    """Answer at once one line of the batch ``batch_id`` (its request ``body``, in
+    ``flavour``), which ``api_key`` created; the line is logged as done at ``finish``.
+    Returns (status, response body)."""
     if not isinstance(body, dict):
         return 400, error_body(flavour, 400, "the request body must be an object")
     try:
@@ -109,12 +102,7 @@ class BatchUsage(NamedTuple):
 
 
 def batch_usage(flavour: Flavour, requests: list[tuple[str, Any]]) -> BatchUsage:
-    """Count the tokens and items of a batch's lines.
-
-    Args:
-        flavour: The API of the lines.
-        requests: ``(custom_id, request body)`` of each line.
-    """
+    """Count the tokens and items of a batch's lines (``(custom_id, request body)`` each)."""
     tokens: Counter[str] = Counter()
     items = 0
     for _, body in requests:
@@ -129,13 +117,8 @@ def batch_usage(flavour: Flavour, requests: list[tuple[str, Any]]) -> BatchUsage
 
 
 def limit(sim: Simulation, provider: str, usage: BatchUsage) -> OverLimit | None:
-    """Return why the enqueued-token limit refuses a new batch, or ``None``.
-
-    Args:
-        sim: The provider.
-        provider: ``"openai"`` or ``"anthropic"``: each counts its own batches.
-        usage: The new batch's tokens.
-    """
+    """Return why the enqueued-token limit refuses a new batch of ``usage``, or ``None``
+    (``provider``: each API counts its own batches)."""
     now = sim.clock.now()
     return over_limit(
         sim.enqueued_token_limit,
@@ -159,7 +142,6 @@ def store_batch(
 
     Args:
         call: The request that creates the batch.
-        flavour: The API of its lines.
         prefix: The prefix of the batch id.
         requests: ``(custom_id, request body)`` of each line.
         request: The creating request's body, kept for the batch object.

@@ -49,13 +49,9 @@ class OverLimit(NamedTuple):
 def over_limit(
     limits: ContextWindows, tokens: Mapping[str, int], enqueued: Callable[[str], int]
 ) -> OverLimit | None:
-    """Return why a new batch exceeds the enqueued-token limit, or ``None`` if it fits.
-
-    Args:
-        limits: The limit: one for every model, one per model, or ``None``.
-        tokens: The new batch's prompt tokens per model.
-        enqueued: The tokens of a model already in unfinished batches.
-    """
+    """Return why a new batch of ``tokens`` (prompt tokens per model) exceeds the
+    enqueued-token ``limits`` (one for every model, one per model, or ``None``), given
+    the tokens ``enqueued`` of a model, or ``None`` if it fits."""
     for model, count in sorted(tokens.items()):
         limit = window_for(limits, model)
         if limit is not None and enqueued(model) + count > limit:
@@ -64,11 +60,7 @@ def over_limit(
 
 
 def duplicates(custom_ids: Sequence[str]) -> list[int]:
-    """Return the indexes of the lines whose ``custom_id`` an earlier line already has.
-
-    Args:
-        custom_ids: Every line's ``custom_id``, in order.
-    """
+    """Return the indexes of the lines whose ``custom_id`` an earlier line already has."""
     seen: set[str] = set()
     repeated = []
     for index, custom_id in enumerate(custom_ids):
@@ -79,23 +71,13 @@ def duplicates(custom_ids: Sequence[str]) -> list[int]:
 
 
 def invalid_anthropic_ids(custom_ids: Sequence[str]) -> list[str]:
-    """Return the custom ids Anthropic refuses (1 to 64 of ``a-zA-Z0-9_-``).
-
-    Args:
-        custom_ids: Every request's ``custom_id``.
-    """
+    """Return the custom ids Anthropic refuses (1 to 64 of ``a-zA-Z0-9_-``)."""
     return [custom_id for custom_id in custom_ids if not _ANTHROPIC_ID.fullmatch(custom_id)]
 
 
 def check_metadata(value: Any) -> str | None:
-    """Return what is wrong with OpenAI ``metadata``, or ``None`` if it is valid.
-
-    At most 16 pairs; keys are strings of at most 64 characters, values strings of
-    at most 512.
-
-    Args:
-        value: The ``metadata`` sent.
-    """
+    """Return what is wrong with OpenAI ``metadata``, or ``None`` if it is valid: at most
+    16 pairs; keys are strings of at most 64 characters, values strings of at most 512."""
     if value is None:
         return None
     if not isinstance(value, Mapping):
@@ -111,11 +93,7 @@ def check_metadata(value: Any) -> str | None:
 
 
 def page_size(query: Mapping[str, str], maximum: int) -> int:
-    """Return the ``limit`` of a list request (default 20).
-
-    Args:
-        query: The query parameters.
-        maximum: The largest page the API serves.
+    """Return the ``limit`` of a list request's ``query`` (default 20).
 
     Raises:
         HttpError: ``limit`` is not an integer from 1 to ``maximum``.
@@ -134,14 +112,9 @@ def page(
     after: str | None = None,
     before: str | None = None,
 ) -> tuple[Sequence[_T], bool]:
-    """Return one page of a list, newest first, and whether more follow.
-
-    Args:
-        items: The whole list, newest first.
-        ids: The id of each item.
-        limit: The page size.
-        after: The page starts right after this id (older items).
-        before: The page ends right before this id (newer items).
+    """Return one page of ``limit`` ``items`` (newest first, with their ``ids``) and
+    whether more follow: those right ``after`` one id (older), or right ``before`` one
+    (newer).
 
     Raises:
         HttpError: A cursor names no item of the list.
@@ -159,12 +132,8 @@ def page(
 
 
 def page_body(data: Sequence[Mapping[str, Any]], more: bool) -> dict[str, Any]:
-    """Return the fields both APIs give a page of a list: the objects, whether more
-    follow, and the first and last ids (``None`` on an empty page).
-
-    Args:
-        data: The page's objects, each with an ``id``.
-        more: Whether more follow.
-    """
+    """Return the fields both APIs give a page of a list: the objects (each with an
+    ``id``), whether ``more`` follow, and the first and last ids (``None`` on an empty
+    page)."""
     first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
     return {"data": list(data), "has_more": more, "first_id": first, "last_id": last}

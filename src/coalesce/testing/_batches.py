@@ -99,17 +99,10 @@ def make_timeline(
     validate: bool,
     stall_after: int | None = None,
 ) -> Timeline:
-    """Return the timeline of a batch of ``lines`` lines created at ``created``.
-
-    Args:
-        created: Creation time.
-        lines: Number of lines.
-        timing: Phase durations.
-        scale: The provider's time scale.
-        validate: Whether there is a validation phase (OpenAI).
-        stall_after: Only this many lines are ever done (a scripted expiry);
-            ``None``: as many as the completion window allows.
-    """
+    """Return the timeline of a batch of ``lines`` lines created at ``created``, its
+    phases as ``timing`` says at the provider's time ``scale``; ``validate``: OpenAI's
+    validation phase; ``stall_after``: only this many lines are ever done (a scripted
+    expiry), ``None`` as many as the completion window allows."""
     validated = created + (timing.validating * scale if validate else 0.0)
     expires = created + timing.completion_window * scale
     stall = lines if stall_after is None else min(stall_after, lines)
@@ -122,35 +115,20 @@ def make_timeline(
 
 
 def lines_done(timeline: Timeline, until: float) -> int:
-    """Return how many lines are done at ``until`` (lines never done never count).
-
-    Args:
-        timeline: The batch's timeline.
-        until: A time.
-    """
+    """Return how many lines are done at ``until`` (lines never done never count)."""
     return sum(1 for finish in timeline.finishes if finish <= until and finish < math.inf)
 
 
 def unfinished(timeline: Timeline) -> bool:
-    """Return whether some line is never done: the batch expires.
-
-    Args:
-        timeline: The batch's timeline.
-    """
+    """Return whether some line is never done: the batch expires."""
     return math.isinf(timeline.finalizing)
 
 
 def batch_end(
     timeline: Timeline, cancel_at: float | None, cancelling: float, failed: bool
 ) -> float:
-    """Return when a batch ends: cancelled, failed, expired or complete.
-
-    Args:
-        timeline: The batch's timeline.
-        cancel_at: When a cancel was requested, if ever.
-        cancelling: Scaled duration of the cancelling phase.
-        failed: Validation failed.
-    """
+    """Return when a batch ends: cancelled (a cancel asked at ``cancel_at``, taking
+    ``cancelling`` seconds, scaled), ``failed`` at validation, expired or complete."""
     if cancel_at is not None:
         return cancel_at + cancelling
     if failed:
@@ -307,10 +285,7 @@ class BatchStore:
         )
 
     def stall_next(self, after_lines: int) -> None:
-        """Make the next accepted batch stop after ``after_lines`` lines and expire.
-
-        Args:
-            after_lines: Lines done before the stall (0: none).
+        """Make the next accepted batch stop after ``after_lines`` lines (0: none) and expire.
 
         Raises:
             ConfigurationError: ``after_lines`` is negative.
@@ -329,13 +304,7 @@ class BatchStore:
         return batch_end(batch.timeline, batch.cancel_at, self.cancelling, bool(batch.errors))
 
     def enqueued(self, provider: str, model: str, now: float) -> int:
-        """Return the prompt tokens of ``model`` in ``provider``'s unfinished batches.
-
-        Args:
-            provider: ``"openai"`` or ``"anthropic"``.
-            model: The model.
-            now: The time asked.
-        """
+        """Return the prompt tokens of ``model`` in ``provider``'s unfinished batches at ``now``."""
         return sum(
             batch.tokens.get(model, 0)
             for batch in self.batches.values()

@@ -120,11 +120,7 @@ class SimulatedPromptCache:
             )
 
     def minimum_for(self, model: str) -> int:
-        """Return the shortest prefix ``model`` caches.
-
-        Args:
-            model: The model name of the request.
-        """
+        """Return the shortest prefix ``model`` caches."""
         table = {**DEFAULT_MIN_TOKENS, **self.min_tokens}
         if model in table:
             return table[model]
@@ -168,11 +164,8 @@ class CacheRequest:
 
 
 def without_cache_control(value: Any) -> Any:
-    """Return a tool definition without its ``cache_control`` (not part of the prompt).
-
-    Args:
-        value: A tool definition (anything else is returned as it is).
-    """
+    """Return a tool definition (anything else as it is) without its ``cache_control``
+    (not part of the prompt)."""
     if isinstance(value, Mapping) and "cache_control" in value:
         return {k: v for k, v in value.items() if k != "cache_control"}
     return value
@@ -207,12 +200,8 @@ def openai_cache_request(
     messages: Sequence[Mapping[str, Any]],
     schema: Mapping[str, Any] | None,
 ) -> CacheRequest:
-    """Return what a Chat Completions request offers the cache: every prompt block.
-
-    Args:
-        body: The request body (its ``prompt_cache_key``).
-        messages: Its messages.
-        schema: The ``response_format`` schema, if any.
+    """Return what a Chat Completions request offers the cache: every prompt block, the
+    ``response_format`` ``schema`` first, in the scope of the body's ``prompt_cache_key``.
 
     Raises:
         HttpError: ``prompt_cache_key`` is not a string.
@@ -228,10 +217,6 @@ def anthropic_cache_request(
     body: Mapping[str, Any], messages: Sequence[Mapping[str, Any]]
 ) -> CacheRequest:
     """Return what a Messages request offers the cache: tools, system, messages.
-
-    Args:
-        body: The request body.
-        messages: Its messages.
 
     Raises:
         HttpError: A ``cache_control`` is not ``{"type": "ephemeral"}``, or there are
@@ -263,21 +248,12 @@ def anthropic_cache_request(
 
 
 def serialize(segments: Sequence[Segment]) -> str:
-    """Return the blocks as one string whose prefixes are the prompt's prefixes.
-
-    Args:
-        segments: The blocks.
-    """
+    """Return the blocks as one string whose prefixes are the prompt's prefixes."""
     return "".join(f"\x1e{segment.head}\x1f{segment.text}" for segment in segments)
 
 
 def common_prefix(a: str, b: str) -> int:
-    """Return the length of the longest common prefix of ``a`` and ``b``.
-
-    Args:
-        a: A string.
-        b: Another.
-    """
+    """Return the length of the longest common prefix of ``a`` and ``b``."""
     low, high = 0, min(len(a), len(b))
     while low < high:  # slices compare in C: log n comparisons beat a loop over characters
         middle = (low + high + 1) // 2
@@ -289,16 +265,9 @@ def common_prefix(a: str, b: str) -> int:
 
 
 def prefix_tokens(segments: Sequence[Segment], chars: int, count: Counter) -> int:
-    """Return the tokens of the first ``chars`` characters of :func:`serialize`'s string.
-
-    A block counts its framing once its head is in the prefix, and the tokens of the
-    part of its text that is.
-
-    Args:
-        segments: The blocks.
-        chars: A prefix length of ``serialize(segments)``.
-        count: Counts tokens.
-    """
+    """Return the tokens of the first ``chars`` characters of :func:`serialize`'s string:
+    a block counts its framing once its head is in the prefix, and the tokens of the part
+    of its text that is."""
     tokens, start = 0, 0
     for segment in segments:
         text_start = start + len(segment.head) + 2
@@ -313,13 +282,8 @@ def prefix_tokens(segments: Sequence[Segment], chars: int, count: Counter) -> in
 
 
 def boundary_tokens(segments: Sequence[Segment], count: Counter, limit: int) -> list[int]:
-    """Return the tokens of the prompt up to the end of each block, at most ``limit``.
-
-    Args:
-        segments: The blocks.
-        count: Counts tokens.
-        limit: The prompt's tokens (a prefix never counts more).
-    """
+    """Return the tokens of the prompt up to the end of each block, at most ``limit`` (the
+    prompt's tokens: a prefix never counts more)."""
     totals, running = [], 0
     for segment in segments:
         running += segment.extra + count(segment.text)
@@ -328,13 +292,8 @@ def boundary_tokens(segments: Sequence[Segment], count: Counter, limit: int) -> 
 
 
 def openai_cached(common: int, minimum: int, increment: int) -> int:
-    """Return OpenAI's ``cached_tokens`` for a prefix of ``common`` tokens seen before.
-
-    Args:
-        common: Tokens of the longest prefix shared with a cached prompt.
-        minimum: The shortest prefix cached (1,024).
-        increment: The step past the minimum (128).
-    """
+    """Return OpenAI's ``cached_tokens`` for a prefix of ``common`` tokens seen before, at
+    least ``minimum`` (1,024) in steps of ``increment`` (128)."""
     if common < minimum:
         return 0
     return minimum + increment * ((common - minimum) // increment)

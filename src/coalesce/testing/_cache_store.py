@@ -46,13 +46,8 @@ class Entry:
         return self.ready_at <= at < self.expires_at
 
     def touched(self, at: float, ready_at: float, ttl: float) -> Entry:
-        """Return the entry after a request at ``at`` wrote or read it.
-
-        Args:
-            at: When the request arrived.
-            ready_at: When its first token is out (what it writes is usable then).
-            ttl: The scaled lifetime.
-        """
+        """Return the entry after a request at ``at`` wrote or read it: usable from
+        ``ready_at`` (its first token out), living ``ttl`` (scaled) from then."""
         if self.live(at):  # read: a use refreshes it
             return Entry(self.ready_at, max(self.expires_at, at + ttl))
         if self.ready_at > at:  # still being written by an earlier request
@@ -162,15 +157,8 @@ class PromptCacheStore:
         at: float,
         count: Counter,
     ) -> CacheUse:
-        """Return what a request reads and would write; the store is not changed.
-
-        Args:
-            request: What the request offers the cache.
-            scope: ``(api_key, model)``: entries are not shared across them.
-            prompt_tokens: The request's prompt tokens.
-            at: When the request is processed.
-            count: Counts tokens.
-        """
+        """Return what a request processed ``at`` reads and would write (entries are scoped to
+        ``scope``, its ``(api_key, model)``); the store is not changed."""
         config = self.config
         if config is None or not request.segments:
             return CacheUse()
@@ -209,13 +197,7 @@ class PromptCacheStore:
         return entry is not None and entry.live(at)
 
     def commit(self, use: CacheUse, at: float, ready_at: float) -> None:
-        """Write or refresh the entries of a request that is being answered.
-
-        Args:
-            use: What :meth:`lookup` decided.
-            at: When the request is processed.
-            ready_at: When its first token is out.
-        """
+        """Write or refresh the entries of a request being answered (see :meth:`lookup`)."""
         for scope, text in use.prompts:
             self.prompts.setdefault(scope, _Prompts()).touch(text, at, ready_at, self.ttl)
         for key in use.prefixes:

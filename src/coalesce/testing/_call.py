@@ -1,59 +1,24 @@
-"""What an endpoint is given: one :class:`Call`, and the :class:`Simulation` behind it.
-
-Endpoints are typed against the :class:`Simulation` protocol rather than the provider
-class, so the provider can import the app that serves it and nothing imports back.
-"""
+"""What an endpoint is given: one :class:`Call`, and the :class:`Simulation` behind it."""
 
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ._accounting import Ledger
-from ._batches import BatchStore
-from ._cache_store import PromptCacheStore
-from ._clock import Clock
-from ._context import ContextWindows
-from ._degradation import PackingDegradation
-from ._faults import FaultPlan, FaultSource
-from ._flex import FlexSource
 from ._http import HttpError, json_response
-from ._latency import SimulatedLatency
-from ._length import OutputTokens
-from ._ratelimit import RateLimiter
+from ._provider_state import ProviderState
 
 __all__ = ["Call", "Handler", "Simulation"]
 
 
-class Simulation(Protocol):
-    """The provider as its endpoints see it: configuration and state."""
-
-    clock: Clock
-    ledger: Ledger
-    limiter: RateLimiter
-    faults: FaultSource
-    fault_plan: FaultPlan
-    batches: BatchStore
-    latency: SimulatedLatency
-    output_tokens: OutputTokens
-    jitter_rng: random.Random
-    time_scale: float
-    context_window: ContextWindows
-    output_limit: ContextWindows
-    prompt_cache: PromptCacheStore
-    flex: FlexSource
-    enqueued_token_limit: ContextWindows
-    degradation: PackingDegradation | None
-
-    def next_id(self, prefix: str) -> str: ...
-    def unique_id(self, prefix: str) -> str: ...
-    def reset(self) -> None: ...
+#: The provider as its endpoints see it: its configuration and state (the provider's
+#: own class imports the app that serves it, so endpoints name its state instead).
+Simulation = ProviderState
 
 
 @dataclass(frozen=True)
@@ -110,11 +75,7 @@ class Call:
         return self.request.query_params
 
     def reply(self, value: Any) -> Response:
-        """Answer ``200`` with ``value`` as JSON.
-
-        Args:
-            value: Anything JSON-able.
-        """
+        """Answer ``200`` with ``value`` as JSON."""
         return json_response(value)
 
 

@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
-import signal
-import socket
 import sys
-import threading
-from collections.abc import Iterator
 
 from coalesce.exceptions import ConfigurationError
 
 from ._config import load_config, provider_options
 from ._degradation import PackingDegradation
 from ._provider import SimulatedProvider
+from ._server import bound_socket, stop_quietly
 
 __all__ = ["build_parser", "main"]
 
@@ -136,6 +132,8 @@ def main(argv: list[str]) -> int:
     try:
         sim = _provider(args)
         import uvicorn
+
+        sock = bound_socket(args.host, args.port)
     except ConfigurationError as exc:
         print(f"coalesce simulate: {exc}", file=sys.stderr)
         return 2
@@ -147,14 +145,7 @@ def main(argv: list[str]) -> int:
             "coalesce simulate needs uvicorn: pip install 'coalesce-llm[testing]'", file=sys.stderr
         )
         return 2
-    # IPPROTO_TCP named: asyncio then sets TCP_NODELAY on each connection (see _server.py).
-    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((args.host, args.port))
     except OSError as exc:
-        sock.close()
         print(
             f"coalesce simulate: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr
         )
@@ -167,24 +158,6 @@ def main(argv: list[str]) -> int:
     print(f"coalesce simulated provider listening on {url}", flush=True)
     print(f"  OpenAI base_url: {url}/v1   Anthropic base_url: {url}", flush=True)
     config = uvicorn.Config(sim, log_level="warning", lifespan="off", access_log=False)
-    with _stop_quietly():
+    with stop_quietly():
         uvicorn.Server(config).run(sockets=[sock])
     return 0
-
-
-@contextlib.contextmanager
-def _stop_quietly() -> Iterator[None]:
-    """Let Ctrl-C and SIGTERM end the server with status 0.
-
-    uvicorn shuts down gracefully on these signals, then re-raises them with the
-    handlers it found; ignoring them here makes that re-raise a no-op.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

@@ -20,11 +20,7 @@ class Clock:
         return anyio.current_time()
 
     def unix(self, moment: float) -> float:
-        """Return the Unix time of a simulation ``moment``.
-
-        Args:
-            moment: A value of :meth:`now`.
-        """
+        """Return the Unix time of a simulation ``moment`` (a value of :meth:`now`)."""
         if self._anchor is None:
             # Timestamps are shown to clients as Unix times: here reading the wall
             # clock once is the point. Every later stamp moves with anyio's clock.

@@ -42,9 +42,6 @@ _TOP_KEYS = {
 def load_config(path: str | PathLike[str]) -> dict[str, Any]:
     """Read a configuration file (``.toml`` as TOML, anything else as JSON).
 
-    Args:
-        path: The file.
-
     Raises:
         ConfigurationError: It cannot be read or parsed.
     """
@@ -111,10 +108,7 @@ def _output_tokens(section: Any) -> Any:
 
 
 def provider_options(config: Mapping[str, Any]) -> dict[str, Any]:
-    """Return the keyword arguments of :class:`SimulatedProvider` for a configuration.
-
-    Args:
-        config: The parsed configuration.
+    """Return the keyword arguments of :class:`SimulatedProvider` for a parsed configuration.
 
     Raises:
         ConfigurationError: A key or value is invalid.

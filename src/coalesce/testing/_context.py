@@ -19,11 +19,8 @@ ContextWindows: TypeAlias = "int | Mapping[str, int] | None"
 
 
 def check_windows(windows: ContextWindows, name: str = "context_window") -> ContextWindows:
-    """Return ``windows`` if every window is a positive number of tokens.
-
-    Args:
-        windows: One limit for every model, one per model name, or ``None``.
-        name: The option's name, for the error message.
+    """Return ``windows`` (one limit for every model, one per model name, or ``None``) if
+    every window is a positive number of tokens; ``name`` is the option's.
 
     Raises:
         ConfigurationError: A window is not a positive integer.
@@ -41,26 +38,16 @@ def check_windows(windows: ContextWindows, name: str = "context_window") -> Cont
 
 
 def window_for(windows: ContextWindows, model: str) -> int | None:
-    """Return the context window of ``model``, or ``None`` for no limit.
-
-    Args:
-        windows: The configured windows.
-        model: The requested model.
-    """
+    """Return the context window of ``model``, or ``None`` for no limit."""
     if isinstance(windows, Mapping):
         return windows.get(model)
     return windows
 
 
 def refusal(api: str, window: int, tokens_in: int, max_tokens: int | None) -> str | None:
-    """Return the provider's message refusing a request too long for ``window``, or ``None``.
-
-    Args:
-        api: ``"openai.chat"``, ``"openai.responses"`` or ``"anthropic.messages"``.
-        window: The model's context window.
-        tokens_in: The prompt's tokens.
-        max_tokens: The completion limit the request asked for, if any.
-    """
+    """Return the provider's message (``api``: ``"openai.chat"``, ``"openai.responses"``
+    or ``"anthropic.messages"``) refusing a request of ``tokens_in`` prompt tokens and
+    ``max_tokens`` too long for ``window``, or ``None``."""
     wanted = tokens_in + (max_tokens or 0)
     if wanted <= window:
         return None
@@ -79,15 +66,8 @@ def refusal(api: str, window: int, tokens_in: int, max_tokens: int | None) -> st
 
 
 def output_refusal(api: str, model: str, limit: int, max_tokens: int) -> str:
-    """Return the provider's message refusing a ``max_tokens`` above the model's output
-    ``limit`` (OpenAI's and Anthropic's wording).
-
-    Args:
-        api: ``"openai.chat"``, ``"openai.responses"`` or ``"anthropic.messages"``.
-        model: The requested model.
-        limit: The most output tokens the model writes.
-        max_tokens: What the request asked for.
-    """
+    """Return the provider's message (``api`` as :func:`refusal`'s) refusing a
+    ``max_tokens`` above the model's output ``limit`` (OpenAI's and Anthropic's wording)."""
     if api.startswith("anthropic"):
         return (
             f"max_tokens: {max_tokens} > {limit}, which is the maximum allowed number of"

@@ -120,21 +120,13 @@ class ReplyContext:
 
 
 def prompt_tokens(prompt: Prompt, count: Counter) -> int:
-    """Return the prompt's tokens: its texts plus a few per message, like the APIs.
-
-    Args:
-        prompt: The prompt.
-        count: Counts the tokens of one text in the prompt's model.
-    """
+    """Return the prompt's tokens (each text as ``count`` counts it) plus a few per
+    message, like the APIs."""
     return sum(count(text) for text in prompt.texts) + 3 * prompt.messages + 3
 
 
 def _shaping_schema(prompt: Prompt) -> Mapping[str, Any] | None:
-    """The schema the answer follows: the request's own, else the one its text describes.
-
-    Args:
-        prompt: The parsed request.
-    """
+    """The schema the answer follows: the request's own, else the one its text describes."""
     return _told(prompt.schema if prompt.schema is not None else prompt.described, prompt)
 
 
@@ -248,13 +240,7 @@ def _answer_schema(schema: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 
 def cut_to_tokens(text: str, limit: int, count: Counter) -> str:
-    """Return the longest prefix of ``text`` with at most ``limit`` tokens.
-
-    Args:
-        text: The full reply.
-        limit: The token limit.
-        count: Counts tokens.
-    """
+    """Return the longest prefix of ``text`` with at most ``limit`` tokens."""
     low, high = 0, len(text)
     while low < high:
         middle = (low + high + 1) // 2
@@ -347,14 +333,9 @@ def compose(
 
 def split_pieces(text: str, max_pieces: int = 64, min_words: int = 4) -> list[str]:
     """Split a reply into stream chunks of whole words and punctuation marks: at least
-    ``min_words`` of them per chunk (about as many tokens), at most ``max_pieces`` chunks.
-
-    Args:
-        text: The reply.
-        max_pieces: The most chunks to send; words are grouped to stay under it.
-        min_words: The fewest words or marks per chunk (the last may have fewer), so a
-            long reply does not cost the server one event per token.
-    """
+    ``min_words`` of them per chunk (about as many tokens; the last may have fewer, so
+    a long reply does not cost the server one event per token), at most ``max_pieces``
+    chunks."""
     # Words and punctuation, each with the spaces before it: compact JSON has no spaces
     # but streams in pieces all the same.
     words = re.findall(r"\s*(?:\w+|[^\w\s])|\s+", text)

@@ -95,10 +95,8 @@ FaultSpec: TypeAlias = "Fault | str | Iterable[Fault | str] | None"
 
 
 def parse_faults(spec: FaultSpec) -> frozenset[Fault]:
-    """Return the faults one scripted entry names.
-
-    Args:
-        spec: ``None``, a :class:`Fault`, its name (``"rate_limit"``), or several.
+    """Return the faults one scripted entry names: ``None``, a :class:`Fault`, its name
+    (``"rate_limit"``), or several.
 
     Raises:
         ConfigurationError: A name is not a fault.
@@ -156,12 +154,8 @@ class FaultPlan:
 
 
 def choose_fault(chances: Mapping[Fault, float], draw: float) -> Fault | None:
-    """Return the fault a uniform ``draw`` in ``[0, 1)`` lands on, if any.
-
-    Args:
-        chances: Probability of each fault.
-        draw: The uniform draw.
-    """
+    """Return the fault a uniform ``draw`` in ``[0, 1)`` lands on, given each fault's
+    ``chances``, if any."""
     edge = 0.0
     for fault, chance in chances.items():
         edge += chance
@@ -207,10 +201,6 @@ def wrong_output(original: Mapping[str, Any], schema: Mapping[str, Any] | None =
 
     A wrong answer that breaks the schema would be caught by validation; this one is
     caught only by noticing the id was written twice.
-
-    Args:
-        original: A result, ``{"id": ..., "output": ...}``.
-        schema: The JSON schema of one item's output, if any.
     """
     candidate: Any = None
     for attempt in range(8):  # a small enum may draw the right answer again
@@ -263,15 +253,8 @@ def damage_results(
 
 
 def damage_text(text: str, faults: frozenset[Fault]) -> tuple[str, frozenset[Fault]]:
-    """Apply the text-level faults to a reply.
-
-    Args:
-        text: The reply as the model would write it.
-        faults: The request's faults; only :data:`TEXT_FAULTS` matter here.
-
-    Returns:
-        The damaged text and the faults that actually applied.
-    """
+    """Apply the text-level faults (:data:`TEXT_FAULTS`) to a reply; return the damaged
+    text and the faults that actually applied."""
     applied = faults & TEXT_FAULTS
     if Fault.MALFORMED_JSON in faults:
         # A key loses its quotes and the closing brace is gone: no JSON parser takes it.

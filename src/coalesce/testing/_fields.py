@@ -11,11 +11,7 @@ __all__ = ["content_texts", "conversation", "max_tokens", "require_messages", "r
 
 
 def content_texts(content: Any) -> list[str]:
-    """Return the text parts of a message's content (a string or a list of parts).
-
-    Args:
-        content: The ``content`` of a message.
-    """
+    """Return the text parts of a message's ``content`` (a string or a list of parts)."""
     if isinstance(content, str):
         return [content]
     if isinstance(content, list):
@@ -30,11 +26,7 @@ def content_texts(content: Any) -> list[str]:
 
 
 def require_str(body: Mapping[str, Any], key: str) -> str:
-    """Return a required non-empty string field.
-
-    Args:
-        body: The request body.
-        key: The field.
+    """Return the required non-empty string field ``key`` of ``body``.
 
     Raises:
         HttpError: The field is missing, empty or not a string.
@@ -48,9 +40,6 @@ def require_str(body: Mapping[str, Any], key: str) -> str:
 def require_messages(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """Return the request's ``messages``: a non-empty list of objects.
 
-    Args:
-        body: The request body.
-
     Raises:
         HttpError: ``messages`` is missing or malformed.
     """
@@ -63,11 +52,8 @@ def require_messages(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 
 def max_tokens(body: Mapping[str, Any], *keys: str) -> int | None:
-    """Return the first of ``keys`` present in ``body``, a positive integer, or ``None``.
-
-    Args:
-        body: The request body.
-        keys: The names the limit may go by, in order of precedence.
+    """Return the first of ``keys`` (names of the limit, in order of precedence) present
+    in ``body``, a positive integer, or ``None``.
 
     Raises:
         HttpError: The limit is not a positive integer.
@@ -82,11 +68,7 @@ def max_tokens(body: Mapping[str, Any], *keys: str) -> int | None:
 
 
 def conversation(messages: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[str]]:
-    """Return every text of the messages, and the text parts of the last user message.
-
-    Args:
-        messages: The request's messages, in order.
-    """
+    """Return every text of the messages, and the text parts of the last user message."""
     texts: list[str] = []
     user_parts: list[str] = []
     for message in messages:

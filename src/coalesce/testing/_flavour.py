@@ -42,26 +42,13 @@ class Flavour(Protocol):
 
 
 def error_body(flavour: Flavour, status: int, message: str) -> dict[str, Any]:
-    """Return the body of an error answer in the flavour's shape.
-
-    Args:
-        flavour: The API the request was for.
-        status: The HTTP status.
-        message: What went wrong.
-    """
+    """Return the body of an error answer in the flavour's shape."""
     return flavour.error(status, message, flavour.error_kind(status))
 
 
 def fault_error(flavour: Flavour, fault: Fault) -> tuple[int, dict[str, Any]]:
-    """Return the status and body a fault answers with.
-
-    Faults without a status of their own (a batch line that hangs or drops) fail
-    with ``500``.
-
-    Args:
-        flavour: The API the request was for.
-        fault: The fault.
-    """
+    """Return the status and body a fault answers with (``500`` for faults without a status
+    of their own: a batch line that hangs or drops)."""
     status = FAULT_STATUS.get(fault, 500)
     return status, error_body(flavour, status, f"simulated fault: {fault.value}")
 
@@ -69,12 +56,5 @@ def fault_error(flavour: Flavour, fault: Fault) -> tuple[int, dict[str, Any]]:
 def error_response(
     flavour: Flavour, status: int, message: str, headers: Mapping[str, str] | None = None
 ) -> Response:
-    """Return an error answer in the flavour's shape.
-
-    Args:
-        flavour: The API the request was for.
-        status: The HTTP status.
-        message: What went wrong.
-        headers: Further headers.
-    """
+    """Return an error answer in the flavour's shape."""
     return json_response(error_body(flavour, status, message), status, headers)

@@ -96,15 +96,10 @@ class FlexSource:
     def refusal(
         self, flavour: Flavour, tier: str | None, model: str
     ) -> tuple[int, dict[str, Any]] | None:
-        """Return the error a request in ``tier`` is refused with, or ``None``.
+        """Return the error a request in service ``tier`` is refused with, or ``None``.
 
         Only flex requests are ever refused; each one consumes a script entry or a
         draw (unless its model offers no flex at all).
-
-        Args:
-            flavour: The API (OpenAI).
-            tier: The requested service tier.
-            model: The requested model.
         """
         if tier != "flex":
             return None

@@ -52,13 +52,7 @@ async def messages(call: Call) -> Response:
 
 
 def compose_answer(sim: Simulation, prompt: Prompt, faults: frozenset[Fault]) -> Answer:
-    """Return the simulated model's answer to ``prompt`` under ``faults``.
-
-    Args:
-        sim: The provider (its answer lengths, fault generator and degradation).
-        prompt: The parsed request.
-        faults: The request's faults.
-    """
+    """Return the simulated model's answer to ``prompt`` under ``faults``."""
     return compose(
         prompt, faults, lengths=sim.output_tokens, rng=sim.faults.rng, count=count_text,
         degradation=sim.degradation,
@@ -104,10 +98,6 @@ async def generate(call: Call, flavour: Flavour) -> Response:
 
     The ``disconnect`` fault raises :class:`SimulatedDisconnect` while the response
     returned is sent, half-way through it.
-
-    Args:
-        call: The request.
-        flavour: The API.
 
     Raises:
         HttpError: The request is invalid.

@@ -39,13 +39,7 @@ def json_response(
     value: Any, status: int = 200, headers: Mapping[str, str] | None = None
 ) -> Response:
     """A JSON answer, with ``json.dumps``'s own separators: byte for byte what the
-    simulator has always sent (Starlette's ``JSONResponse`` writes compact JSON).
-
-    Args:
-        value: Anything JSON-able.
-        status: The HTTP status.
-        headers: Further headers.
-    """
+    simulator has always sent (Starlette's ``JSONResponse`` writes compact JSON)."""
     body = json.dumps(value, ensure_ascii=False).encode()
     return Response(body, status, headers, media_type="application/json")
 

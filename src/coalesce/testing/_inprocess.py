@@ -35,14 +35,8 @@ __all__ = ["SimulatedTransport", "asgi_scope", "in_process_client"]
 _BUFFER = 4
 
 
-def asgi_scope(request: httpx2.Request, root_path: str, client: tuple[str, int]) -> Scope:
-    """Build the ASGI HTTP scope of a request, as ``httpx2.ASGITransport`` does.
-
-    Args:
-        request: The request.
-        root_path: The path the app is mounted on.
-        client: The client's address as the app sees it.
-    """
+def asgi_scope(request: httpx2.Request) -> Scope:
+    """Build the ASGI HTTP scope of a request, as ``httpx2.ASGITransport`` does."""
     return {
         "type": "http",
         "asgi": {"version": "3.0"},
@@ -54,8 +48,8 @@ def asgi_scope(request: httpx2.Request, root_path: str, client: tuple[str, int])
         "raw_path": request.url.raw_path.split(b"?")[0],
         "query_string": request.url.query,
         "server": (request.url.host, request.url.port),
-        "client": client,
-        "root_path": root_path,
+        "client": ("127.0.0.1", 123),
+        "root_path": "",
     }
 
 
@@ -130,10 +124,9 @@ class _Exchange:
 class _ResponseStream(httpx2.AsyncByteStream):
     """The body chunks of one response, as the app sends them."""
 
-    def __init__(self, exchange: _Exchange, request: httpx2.Request, *, raise_errors: bool) -> None:
+    def __init__(self, exchange: _Exchange, request: httpx2.Request) -> None:
         self._exchange = exchange
         self._request = request
-        self._raise_errors = raise_errors
         self._head = request.method == "HEAD"
 
     def __aiter__(self) -> AsyncIterator[bytes]:
@@ -161,7 +154,7 @@ class _ResponseStream(httpx2.AsyncByteStream):
                 server dropping the connection would look to the client.
         """
         error = self._exchange.error
-        if error is not None and self._raise_errors:
+        if error is not None:
             raise httpx2.RemoteProtocolError(str(error), request=self._request) from error
         if error is None and not self._exchange.complete:
             message = "the ASGI app returned before completing its response"
@@ -178,44 +171,25 @@ class SimulatedTransport(httpx2.AsyncBaseTransport):
     Unlike ``httpx2.ASGITransport``, the response is returned as soon as the app
     starts it and its body arrives chunk by chunk, when the app sends it. A
     simulated dropped connection surfaces as ``httpx2.RemoteProtocolError``, as it
-    would over a real socket, so the SDKs report it as their own connection error.
-
-    Args:
-        app: The ASGI application.
-        raise_app_exceptions: Whether an exception of the app reaches the client (an
-            app failing before its response otherwise answers ``500``).
-        root_path: The path the app is mounted on.
-        client: The client's address as the app sees it.
+    would over a real socket, so the SDKs report it as their own connection error;
+    any other exception of the app reaches the client.
     """
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        raise_app_exceptions: bool = True,
-        root_path: str = "",
-        client: tuple[str, int] = ("127.0.0.1", 123),
-    ) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self.raise_app_exceptions = raise_app_exceptions
-        self.root_path = root_path
-        self.client = client
         # asyncio keeps only weak references to tasks: keep them until done.
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         """Send one request to the app and return once its response starts.
 
-        Args:
-            request: The request.
-
         Raises:
             httpx2.RemoteProtocolError: The connection dropped (the ``disconnect``
                 fault) or the app returned without a response. Once the response has
                 started, the same error comes from reading its body instead.
-            Exception: The app's own exception before its response started, when
-                ``raise_app_exceptions`` is true.
+            Exception: The app's own exception before its response started.
         """
-        exchange = _Exchange(self.app, asgi_scope(request, self.root_path, self.client), request)
+        exchange = _Exchange(self.app, asgi_scope(request), request)
         self._spawn(exchange.run)
         try:
             start = await exchange.inbox.receive()
@@ -225,7 +199,7 @@ class SimulatedTransport(httpx2.AsyncBaseTransport):
         except BaseException:
             await exchange.aclose()
             raise
-        stream = _ResponseStream(exchange, request, raise_errors=self.raise_app_exceptions)
+        stream = _ResponseStream(exchange, request)
         return httpx2.Response(start["status"], headers=start.get("headers", []), stream=stream)
 
     def _failed_response(self, exchange: _Exchange, request: httpx2.Request) -> httpx2.Response:
@@ -236,9 +210,7 @@ class SimulatedTransport(httpx2.AsyncBaseTransport):
         if error is None:
             message = "the ASGI app returned without starting a response"
             raise httpx2.RemoteProtocolError(message, request=request)
-        if self.raise_app_exceptions:
-            raise error
-        return httpx2.Response(500, headers=[])
+        raise error
 
     def _spawn(self, fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Run ``fn()`` as a task of the running loop, outside any caller's task group."""
@@ -255,10 +227,6 @@ class SimulatedTransport(httpx2.AsyncBaseTransport):
 
 
 def in_process_client(app: ASGIApp, base_url: str) -> httpx2.AsyncClient:
-    """Return an ``httpx2`` client whose requests go to ``app`` in process.
-
-    Args:
-        app: The ASGI app.
-        base_url: The URL the client's relative requests are resolved against.
-    """
+    """Return an ``httpx2`` client whose requests go to ``app`` in process, resolving
+    relative URLs against ``base_url``."""
     return httpx2.AsyncClient(transport=SimulatedTransport(app), base_url=base_url)

@@ -66,11 +66,7 @@ class SimulatedLatency:
             raise ConfigurationError(f"latency jitter must be in [0, 1), got {self.jitter}")
 
     def profile_for(self, model: str) -> LatencyProfile:
-        """Return the profile of ``model``.
-
-        Args:
-            model: The model name of the request.
-        """
+        """Return the profile of ``model``."""
         if model in self.models:
             return self.models[model]
         prefixes = [name for name in self.models if model.startswith(name)]
@@ -124,12 +120,7 @@ def compute_delays(
 
 
 def pace(decode: float, weights: Sequence[int]) -> list[float]:
-    """Split the decode time over stream chunks in proportion to their sizes.
-
-    Args:
-        decode: Total decode seconds.
-        weights: The size of each chunk (characters or tokens).
-    """
+    """Split the ``decode`` seconds over stream chunks in proportion to their sizes."""
     total = sum(weights)
     if total <= 0:
         return [0.0 for _ in weights]

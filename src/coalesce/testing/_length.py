@@ -55,12 +55,8 @@ class LongTail:
 
 
 def target_tokens(spec: OutputTokens, item_input: Any) -> int | None:
-    """Return the target length of one item's answer under ``spec``.
-
-    Args:
-        spec: ``None`` (no padding), a fixed length, or a callable of the item.
-        item_input: The item.
-    """
+    """Return the target length of one item's answer under ``spec``: ``None`` (no padding),
+    a fixed length, or a callable of the item."""
     if spec is None:
         return None
     if isinstance(spec, int):

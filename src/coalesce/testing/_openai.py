@@ -178,11 +178,7 @@ OPENAI = OpenAIFlavour()
 
 def reply_tier(body: Mapping[str, Any]) -> str:
     """Return the ``service_tier`` a reply states: ``"flex"`` or ``"priority"`` when
-    asked for, else ``"default"`` (``"auto"`` and no tier included).
-
-    Args:
-        body: The request body.
-    """
+    asked for, else ``"default"`` (``"auto"`` and no tier included)."""
     tier = body.get("service_tier")
     return tier if tier in ("flex", "priority") else "default"
 

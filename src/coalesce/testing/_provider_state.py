@@ -83,20 +83,12 @@ class ProviderState:
         self._instance = uuid.uuid4().hex[:8]
 
     def next_id(self, prefix: str) -> str:
-        """Return a fresh response id such as ``chatcmpl-sim000001``.
-
-        Args:
-            prefix: The id's prefix.
-        """
+        """Return a fresh response id such as ``chatcmpl-sim000001``."""
         return f"{prefix}{next(self._ids):06d}"
 
     def unique_id(self, prefix: str) -> str:
         """Return a fresh id that no other simulator, nor this one before a
-        :meth:`reset`, gives: ``batch_sim3f9c01a2000002``, for batches and files.
-
-        Args:
-            prefix: The id's prefix.
-        """
+        :meth:`reset`, gives: ``batch_sim3f9c01a2000002``, for batches and files."""
         return self.next_id(f"{prefix}{self._instance}")
 
 

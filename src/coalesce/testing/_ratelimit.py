@@ -96,27 +96,14 @@ class RateDecision(NamedTuple):
 
 
 def refill(bucket: Bucket, capacity: float, window: float, now: float) -> Bucket:
-    """Return the bucket at ``now``, refilled at ``capacity`` per ``window``.
-
-    Args:
-        bucket: The bucket as last seen.
-        capacity: The limit.
-        window: Seconds to refill from empty to full.
-        now: The current time.
-    """
+    """Return the bucket at ``now``, refilled at ``capacity`` per ``window`` seconds."""
     level = min(capacity, bucket.level + max(0.0, now - bucket.updated) * capacity / window)
     return Bucket(level, now)
 
 
 def seconds_until(bucket: Bucket, capacity: float, window: float, cost: float) -> float:
-    """Return the seconds until the bucket holds ``cost`` (``inf`` if it never can).
-
-    Args:
-        bucket: The bucket, refilled to now.
-        capacity: The limit.
-        window: Seconds to refill from empty to full.
-        cost: What the request needs.
-    """
+    """Return the seconds until the bucket (refilled to now) holds ``cost`` (``inf`` if it
+    never can)."""
     if cost > capacity:
         return math.inf
     return max(0.0, (cost - bucket.level) * window / capacity)
@@ -135,13 +122,8 @@ class RateLimiter:
         self._buckets.clear()
 
     def check(self, key: str, tokens: int, now: float) -> RateDecision:
-        """Charge one request of ``tokens`` to ``key`` if its limits allow it.
-
-        Args:
-            key: The API key.
-            tokens: Prompt plus completion tokens of the request.
-            now: The current time.
-        """
+        """Charge one request of ``tokens`` (prompt plus completion) to the API ``key`` if
+        its limits allow it at ``now``."""
         limit = self.limits.keys.get(key, self.limits.default)
         costs = {
             "requests": (limit.requests_per_minute, 1),
@@ -171,11 +153,7 @@ class RateLimiter:
 
 
 def go_duration(seconds: float) -> str:
-    """Format a duration as OpenAI's reset headers do (``"20ms"``, ``"1.5s"``, ``"6m0s"``).
-
-    Args:
-        seconds: The duration.
-    """
+    """Format a duration as OpenAI's reset headers do (``"20ms"``, ``"1.5s"``, ``"6m0s"``)."""
     if seconds < 1:
         return f"{math.ceil(seconds * 1000)}ms"
     minutes, rest = divmod(seconds, 60)
@@ -184,11 +162,7 @@ def go_duration(seconds: float) -> str:
 
 
 def openai_headers(decision: RateDecision) -> dict[str, str]:
-    """Return OpenAI's ``x-ratelimit-*`` headers for a decision.
-
-    Args:
-        decision: The rate-limit decision of the request.
-    """
+    """Return OpenAI's ``x-ratelimit-*`` headers for a decision."""
     headers = {}
     for kind, quota in (("requests", decision.requests), ("tokens", decision.tokens)):
         if quota.limit is not None:
@@ -199,12 +173,8 @@ def openai_headers(decision: RateDecision) -> dict[str, str]:
 
 
 def anthropic_headers(decision: RateDecision, unix_now: float) -> dict[str, str]:
-    """Return Anthropic's ``anthropic-ratelimit-*`` headers for a decision.
-
-    Args:
-        decision: The rate-limit decision of the request.
-        unix_now: The wall-clock time the reset timestamps count from.
-    """
+    """Return Anthropic's ``anthropic-ratelimit-*`` headers for a decision, the reset
+    timestamps counted from the wall-clock ``unix_now``."""
     headers = {}
     for kind, quota in (("requests", decision.requests), ("tokens", decision.tokens)):
         if quota.limit is not None:
@@ -218,11 +188,7 @@ def anthropic_headers(decision: RateDecision, unix_now: float) -> dict[str, str]
 
 
 def retry_headers(seconds: float) -> dict[str, str]:
-    """Return ``retry-after`` (whole seconds, rounded up) and ``retry-after-ms``.
-
-    Args:
-        seconds: How long the client should wait.
-    """
+    """Return ``retry-after`` (whole seconds, rounded up) and ``retry-after-ms``."""
     finite = seconds if math.isfinite(seconds) else 60.0
     return {
         "retry-after": str(max(1, math.ceil(finite))),

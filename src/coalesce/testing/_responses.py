@@ -20,8 +20,7 @@ from ._engine import Answer, Prompt, ReplyContext
 from ._fields import conversation, max_tokens, require_str
 from ._flavour import StreamEvent
 from ._http import HttpError
-from ._openai import OPENAI, reply_tier
-from ._ratelimit import RateDecision
+from ._openai import OpenAIFlavour, reply_tier
 from ._tools import described_schema, forced_function
 
 __all__ = ["RESPONSES", "ResponsesFlavour"]
@@ -50,12 +49,11 @@ def _schema_of(fmt: Mapping[str, Any]) -> tuple[Mapping[str, Any] | None, bool]:
     return None, fmt.get("type") == "json_object"
 
 
-class ResponsesFlavour:
-    """``POST /v1/responses``."""
+class ResponsesFlavour(OpenAIFlavour):
+    """``POST /v1/responses``: OpenAI's errors and rate-limit headers, its own shapes."""
 
     api = "openai.responses"
     id_prefix = "resp_sim"
-    request_id_header = "x-request-id"
     done = b""
 
     def parse(self, body: Mapping[str, Any]) -> Prompt:
@@ -121,21 +119,6 @@ class ResponsesFlavour:
         for number, (_, data, _) in enumerate(events):
             data["sequence_number"] = number
         return events
-
-    @staticmethod
-    def error(status: int, message: str, kind: str) -> dict[str, Any]:
-        """Return an error body (OpenAI's)."""
-        return OPENAI.error(status, message, kind)
-
-    @staticmethod
-    def error_kind(status: int) -> str:
-        """Return the error type of a status (OpenAI's)."""
-        return OPENAI.error_kind(status)
-
-    @staticmethod
-    def rate_headers(decision: RateDecision, unix_now: float) -> dict[str, str]:
-        """Return the rate-limit headers (OpenAI's)."""
-        return OPENAI.rate_headers(decision, unix_now)
 
     @staticmethod
     def sse(event: str | None, data: dict[str, Any]) -> bytes:

@@ -51,12 +51,8 @@ class Ending:
 
 
 async def hang(seconds: float, request: Request) -> bool:
-    """Sleep ``seconds``; return ``True`` early if the client disconnects first.
-
-    Args:
-        seconds: How long to hang (``math.inf``: until the client leaves).
-        request: The request, its body read.
-    """
+    """Sleep ``seconds`` (``math.inf``: until the client leaves); return ``True`` early if
+    the client disconnects first."""
     gone = False
     async with anyio.create_task_group() as group:
 
@@ -76,14 +72,8 @@ async def hang(seconds: float, request: Request) -> bool:
 def whole(
     value: dict[str, Any], headers: dict[str, str], ending: Ending, *, drop: bool
 ) -> Response:
-    """The whole answer at once, or half of it before the connection drops.
-
-    Args:
-        value: The answer's JSON body.
-        headers: Its headers.
-        ending: Where its request is logged.
-        drop: Whether the connection drops half-way (the ``disconnect`` fault).
-    """
+    """The whole answer at once, or half of it before the connection drops (``drop``: the
+    ``disconnect`` fault); ``ending`` logs its request."""
     if not drop:
         ending.done()
         return json_response(value, 200, headers)
@@ -101,16 +91,9 @@ def streamed(
     *,
     drop: bool,
 ) -> Response:
-    """The answer as server-sent events, each when the simulated model emits it.
-
-    Args:
-        flavour: The API (how an event is written, how a stream ends).
-        events: The events.
-        delays: The time to the first token, and the decoding time shared among the events.
-        headers: The answer's headers.
-        ending: Where its request is logged.
-        drop: Whether the connection drops half-way (the ``disconnect`` fault).
-    """
+    """The answer as server-sent events, each when the simulated model emits it: after
+    ``delays``' time to the first token, its decoding time shared among the events;
+    ``drop`` and ``ending`` as :func:`whole`'s."""
     pieces = _Pieces(flavour, events, delays, ending, drop=drop)
     stream = {"content-type": "text/event-stream", "cache-control": "no-cache"}
     return _Streamed(pieces, {**headers, **stream}, ending)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import socket
 import threading
+from collections.abc import Iterator
 from types import TracebackType
 
 import anyio.to_thread
@@ -12,9 +15,47 @@ from starlette.types import ASGIApp
 
 from ._http import SimulatedDisconnect
 
-__all__ = ["ServerThread"]
+__all__ = ["ServerThread", "bound_socket", "stop_quietly"]
 
 _STARTUP_TIMEOUT = 30.0
+
+
+def bound_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host`` and ``port`` (0: any free one).
+
+    Raises:
+        OSError: The address cannot be bound.
+    """
+    # IPPROTO_TCP named, not left 0: asyncio sets TCP_NODELAY only on sockets whose
+    # protocol says TCP; without it a kept-alive client waits ~40 ms for each small
+    # reply whose headers and body go in two writes (Nagle against delayed ACKs).
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+@contextlib.contextmanager
+def stop_quietly() -> Iterator[None]:
+    """Let Ctrl-C and SIGTERM end the server with status 0.
+
+    uvicorn shuts down gracefully on these signals, then re-raises them with the
+    handlers it found; ignoring them here makes that re-raise a no-op.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 class _QuietDisconnects(logging.Filter):
@@ -43,17 +84,7 @@ class ServerThread:
     def __init__(self, app: ASGIApp, host: str, port: int) -> None:
         import uvicorn
 
-        # IPPROTO_TCP named, not left 0: asyncio sets TCP_NODELAY only on sockets whose
-        # protocol says TCP; without it a kept-alive client waits ~40 ms for each small
-        # reply whose headers and body go in two writes (Nagle against delayed ACKs).
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.socket = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            self.socket.bind((host, port))
-        except OSError:
-            self.socket.close()
-            raise
+        self.socket = bound_socket(host, port)
         bound_host, bound_port = self.socket.getsockname()[:2]
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host
         self.base_url = f"http://{shown}:{bound_port}"

@@ -41,11 +41,7 @@ _LETTERS_PER_TOKEN = 7  # a long word is cut into tokens of about this many lett
 
 def approximate_tokens(text: str) -> int:
     """Return the tokens of ``text`` without a tokenizer: one per piece as cl100k_base
-    splits text, a long word one per 7 letters, an ideograph one of its own.
-
-    Args:
-        text: The text.
-    """
+    splits text, a long word one per 7 letters, an ideograph one of its own."""
     tokens = 0
     for piece in _PIECE.findall(text):
         wide = len(_WIDE.findall(piece))
@@ -89,9 +85,5 @@ _cached_count = functools.lru_cache(maxsize=4096)(_count)
 
 def count_text(text: str) -> int:
     """Return the tokens of ``text`` as the simulator bills them (see the module's
-    docstring); the same for every model.
-
-    Args:
-        text: The text.
-    """
+    docstring); the same for every model."""
     return _cached_count(text) if len(text) <= _CACHE_MAX_CHARS else _count(text)

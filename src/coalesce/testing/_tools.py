@@ -145,13 +145,9 @@ def described_schema(texts: Sequence[str], user_parts: Sequence[str]) -> dict[st
     """Return the JSON schema the prompt's text spells out for the answer, if any.
 
     The texts are read in order (instructions first); the items of a packed request
-    are data, never read for a schema. A schema that allows any object
-    (:func:`any_object`, such as a packed frame's ``{"type": "object"}`` output) says
-    less than one the instructions spell out: it is returned only when there is no other.
-
-    Args:
-        texts: Every text of the prompt.
-        user_parts: The text blocks of the last user message.
+    (in the last user message's ``user_parts``) are data, never read for a schema. A
+    schema that allows any object (:func:`any_object`, such as a packed frame's
+    ``{"type": "object"}`` output) is returned only when there is no other.
     """
     skipped = set(user_parts) if parse_packed(user_parts) is not None else set()
     found = [schema for text in texts if text not in skipped for schema in _schemas_in(text)]

@@ -49,12 +49,9 @@ def _parse(text: str) -> Any:
 
 
 def parse_packed(parts: Sequence[str]) -> list[PackedItem] | None:
-    """Return the items of a packed request, or ``None`` if it is not one.
-
-    Args:
-        parts: The text blocks of the last user message. The whole text is tried
-            first, then each block, then the span from its first ``[`` to its last ``]``.
-    """
+    """Return the items of a packed request, or ``None`` if it is not one: the whole text
+    of the last user message's ``parts`` is tried first, then each part, then the span
+    from its first ``[`` to its last ``]``."""
     whole = "".join(parts)
     candidates = [whole, *parts]
     if "[" in whole:
@@ -103,12 +100,8 @@ def _results_schema(root: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def keyed_reply(schema: Mapping[str, Any] | None, texts: Sequence[str]) -> bool:
-    """Whether to answer a packed request in format 2 (keyed by id) rather than 1.
-
-    Args:
-        schema: The reply schema the request enforces, if any.
-        texts: The prompt's texts, read when there is no schema.
-    """
+    """Whether to answer a packed request in format 2 (keyed by id) rather than 1: as the
+    reply ``schema`` says, else as the prompt's ``texts`` do."""
     if schema is not None:
         results = _results_schema(schema)
         return results is None or results.get("type") != "array"
