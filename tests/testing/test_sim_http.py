@@ -183,3 +183,16 @@ def test_the_pytest_plugin_and_the_example_work() -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert " passed" in result.stdout
+
+
+async def test_serving_builds_the_app_before_the_first_request() -> None:
+    """The app (and the token counter it loads, half a second or so) is ready when the
+    server starts: the first reply's latency is the simulated model's, which the
+    planner learns from, not the simulator's set-up."""
+    sim = SimulatedProvider(time_scale=FAST)
+    assert "_app" not in vars(sim)  # built lazily in process
+    async with sim.serve_async():
+        assert "_app" in vars(sim)
+        assert not sim.requests
+    with sim.serve():
+        assert "_app" in vars(sim)

@@ -34,6 +34,7 @@ from ._message_batch_routes import (
     message_batch_results,
 )
 from ._openai import OPENAI
+from ._tokens import count_text
 
 __all__ = ["create_app", "flavour_of"]
 
@@ -75,6 +76,7 @@ def create_app(sim: Simulation) -> Starlette:
         Route(path, _endpoint(sim, handler), methods=[method]) for method, path, handler in _TABLE
     ]
     handlers = {HttpError: _http_error, HTTPException: _starlette_error}
+    count_text("")  # the tokenizer loads now, not in the first reply's latency
     return Starlette(routes=routes, exception_handlers=handlers)
 
 

@@ -150,6 +150,7 @@ def main(argv: list[str]) -> int:
             f"coalesce simulate: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr
         )
         return 2
+    sim.prepare()
     # Listening before the address is printed: a client that reads it and connects at
     # once waits in the backlog until uvicorn accepts, instead of being refused.
     sock.listen(2048)

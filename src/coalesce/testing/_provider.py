@@ -118,6 +118,11 @@ class SimulatedProvider(ProviderState):
         """The ASGI entry point."""
         await self._app(scope, receive, send)
 
+    def prepare(self) -> None:
+        """Build the app and load the token counter now (serving calls this first), so
+        that the first request's latency is the simulated model's, not the set-up's."""
+        self._app  # noqa: B018
+
     @functools.cached_property
     def _app(self) -> Starlette:
         """The Starlette app that serves this provider (:mod:`~coalesce.testing._app`)."""
@@ -222,6 +227,7 @@ class SimulatedProvider(ProviderState):
             host: The interface to bind.
             port: The port; 0 picks a free one.
         """
+        self.prepare()
         with ServerThread(self, host, port) as base_url:
             yield base_url
 
@@ -233,6 +239,7 @@ class SimulatedProvider(ProviderState):
             host: The interface to bind.
             port: The port; 0 picks a free one.
         """
+        self.prepare()
         async with ServerThread(self, host, port) as base_url:
             yield base_url
 
