@@ -214,6 +214,51 @@ async def test_openai_sends_a_strict_schema() -> None:
     assert args["stream_options"] == {"include_usage": True}
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_openai_posts_what_create_would(stream: bool) -> None:
+    # The packed request skips create()'s transform of its body, not what create()
+    # sends: the same URL, headers (the bearer key: create() asks for it alone), query
+    # and body.
+    sent: list[httpx2.Request] = []
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        sent.append(request)
+        if stream:
+            return httpx2.Response(200, text="data: [DONE]\n\n")
+        message = {"role": "assistant", "content": "hi"}
+        choice = {"index": 0, "message": message, "finish_reason": "length"}
+        usage = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+        reply = {"id": "c1", "created": 7, "model": "m", "choices": [choice], "usage": usage}
+        return httpx2.Response(200, json={**reply, "system_fingerprint": None})
+
+    http = httpx2.AsyncClient(transport=httpx2.MockTransport(answer))
+    client = openai.AsyncOpenAI(api_key="sk", admin_api_key="admin", http_client=http)
+    provider = OpenAIProvider(client)
+    request, _ = packed_request(max_output_tokens=50, stream=stream)
+    extra = {"extra_headers": {"x-a": "1"}, "extra_query": {"q": "2"}, "timeout": 9.0}
+    unsent = {"top_p": openai.NOT_GIVEN, "seed": openai.omit}
+    request = dataclasses.replace(request, options={"temperature": 0, **unsent, **extra})
+    completion = await provider.complete(request)
+    await client.chat.completions.with_raw_response.create(**provider.arguments(request))
+    ours, theirs = sent
+    assert (ours.url, ours.headers, ours.extensions) == (
+        theirs.url,
+        theirs.headers,
+        theirs.extensions,
+    )
+    assert json.loads(ours.content) == json.loads(theirs.content)
+    assert ours.headers["authorization"] == "Bearer sk"
+    admin = openai.AsyncOpenAI(api_key="", admin_api_key="admin", http_client=http)
+    with pytest.raises(TypeError, match="authentication"):  # create() refuses it: so do we
+        await admin.chat.completions.create(**provider.arguments(request))
+    with pytest.raises(TypeError, match="authentication"):
+        await OpenAIProvider(admin).complete(request)
+    if not stream:
+        assert (completion.text, completion.finish_reason) == ("hi", "length")
+        assert completion.usage == Usage(3, 1)
+        assert completion.reply == {"id": "c1", "created": 7, "model": "m"}
+
+
 async def test_anthropic_prose_instead_of_the_tool_is_returned_as_text(
     sim: SimulatedProvider,
 ) -> None:

@@ -477,6 +477,8 @@ async def test_partition_header_with_the_anthropic_sdk() -> None:
         (float("inf"), "inf"),
         (object(), "object"),
         (b"\xff\xfe", "utf-8"),  # bytes that are not text
+        ("caf\udce9", "surrogate"),  # text, but not ASCII: written out to be checked
+        ([{"type": "text", "text": "\ud800"}], "surrogate"),
     ],
 )
 async def test_a_message_json_cannot_carry_fails_only_its_call(content: Any, kind: str) -> None:

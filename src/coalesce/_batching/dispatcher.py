@@ -260,9 +260,9 @@ class Dispatcher:
         window.due_at, window.due_reason = due.at, due.reason
         if due.at <= now:
             return due.reason
-        scope = self.timer_scope
-        if scope is not None and due.at - self.lag.lead < scope.deadline:
-            scope.deadline = due.at - self.lag.lead
+        scope, wake = self.timer_scope, self.lag.wake_at(window)
+        if scope is not None and wake < scope.deadline:
+            scope.deadline = wake
         return None
 
     def hold(self, key: Any, item: Any, waiter: Any, arrival: float, until: float) -> None:

@@ -6,6 +6,11 @@ which on a busy loop is some milliseconds later; a group sent at its planner's d
 that much late is late for every member. So the timer learns how late it wakes
 (:class:`TimerLag`, a high quantile of its recent lateness) and wakes that much early.
 On an idle loop, and on virtual time, the lateness is nil and nothing changes.
+
+A window due at ``max_wait`` is woken for no earlier than half its wait: a lead as
+long as the wait (a saturated loop, a collector's pause) would close every window as
+it opens, with the calls of one loop turn in it, and a timer that never sleeps for its
+own time never learns that the lead has shrunk.
 """
 
 from __future__ import annotations
@@ -49,6 +54,14 @@ class TimerLag:
         if len(self._late) >= self.min_samples:
             self.lead = min(self._late.quantile(self.quantile), self.ceiling)
 
+    def wake_at(self, window: Window) -> float:
+        """When to wake for ``window``: :attr:`lead` before it is due, a window due at
+        ``max_wait`` not before half its wait (see the module doc)."""
+        lead = self.lead
+        if window.due_reason is DispatchReason.WINDOW:
+            lead = min(lead, max(window.due_at - window.opened_at, 0.0) / 2)
+        return window.due_at - lead
+
 
 class Timed(Protocol):
     """What the timer drives: a batcher's dispatcher."""
@@ -72,7 +85,7 @@ async def run_timer(dispatcher: Timed) -> None:
     try:
         while windows.waiting():
             window = dispatcher.next_due()
-            wake = window.due_at - lag.lead
+            wake = lag.wake_at(window)
             if rt.clock() < wake:
                 with anyio.CancelScope(deadline=wake) as scope:
                     dispatcher.timer_scope = scope
@@ -87,7 +100,7 @@ async def run_timer(dispatcher: Timed) -> None:
                 if not windows.waiting():
                     break
                 window = dispatcher.next_due()
-                if window.due_at - lag.lead > scope.deadline:
+                if lag.wake_at(window) > scope.deadline:
                     continue  # what was due went early (full, size or close)
             if windows.is_held(window):
                 dispatcher.release(window)

@@ -63,6 +63,8 @@ def _check_sendable(given: Mapping[str, Any]) -> None:
     """Refuse a call whose messages hold what JSON cannot carry (NaN, bytes, objects),
     with the field named, before it is grouped or passed through."""
     sent = {name: given[name] for name in ("messages", "system") if name in given}
+    if _ascii(sent):
+        return  # nothing JSON could refuse: the common case, without writing it out
     try:
         # The SDKs take pydantic models (an earlier reply's message) and bytes as well.
         check_item(pydantic_core.to_jsonable_python(sent))
@@ -71,6 +73,17 @@ def _check_sendable(given: Mapping[str, Any]) -> None:
             f"this call's messages cannot be sent: {exc}; pass text (str) or the SDK's"
             " content parts"
         ) from None
+
+
+def _ascii(value: Any) -> bool:
+    """Whether ``value`` is ASCII text, or lists and dicts (text keys) of it only."""
+    if type(value) is str:
+        return value.isascii()
+    if type(value) is list:
+        return all(_ascii(v) for v in value)
+    if type(value) is dict:
+        return all(type(k) is str and k.isascii() and _ascii(v) for k, v in value.items())
+    return False
 
 
 def _refused_plainly(error: Exception, sdk: str) -> BaseException | None:

@@ -60,6 +60,9 @@ class CallHeaders:
     lane: str | None = None
 
 
+_NONE = CallHeaders()  # what a call without coalesce headers asks (frozen: shared)
+
+
 def coalesce_headers(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], CallHeaders]:
     """Split the coalesce headers off ``extra_headers`` and check them.
 
@@ -75,10 +78,10 @@ def coalesce_headers(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], CallHea
     """
     headers = kwargs.get("extra_headers")
     if not isinstance(headers, Mapping):
-        return dict(kwargs), CallHeaders()
+        return dict(kwargs), _NONE
     ours = {k: v for k, v in headers.items() if _is_ours(k)}
     if not ours:
-        return dict(kwargs), CallHeaders()
+        return dict(kwargs), _NONE
     return without_headers(kwargs, ours), _read_headers(ours)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..providers._openai import CREATE_SECURITY, POST_OPTIONS
 from .call import (
     JSON_OBJECT,
     SdkCall,
@@ -157,14 +158,7 @@ def _schema(value: Any) -> Mapping[str, Any] | bool | None:
 
 
 #: ``post()`` options and the ``create()`` argument each stands for.
-_POST_OPTIONS = {
-    "headers": "extra_headers",
-    "params": "extra_query",
-    "extra_json": "extra_body",
-    "timeout": "timeout",
-}
-#: What ``create()`` itself asks of ``post()``: bearer authentication.
-_CREATE_SECURITY = {"bearer_auth": True}
+_POST_OPTIONS = {option: argument for argument, option in POST_OPTIONS.items()}
 
 
 def posted_create(path: str, posted: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -195,7 +189,7 @@ def posted_create(path: str, posted: Mapping[str, Any]) -> dict[str, Any] | None
         return None
     if set(options) - set(_POST_OPTIONS) - {"security"}:
         return None
-    if options.get("security") not in (None, _CREATE_SECURITY):
+    if options.get("security") not in (None, CREATE_SECURITY):
         return None
     sent = {_POST_OPTIONS[k]: v for k, v in options.items() if k in _POST_OPTIONS}
     if "extra_headers" in sent:

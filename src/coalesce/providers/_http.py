@@ -15,6 +15,7 @@ from collections.abc import (
     Callable,
     Iterable,
     Mapping,
+    Sequence,
 )
 from contextlib import aclosing
 from types import TracebackType
@@ -30,6 +31,7 @@ __all__ = [
     "REPLY_FIELDS",
     "Collector",
     "OpenAICompatibleProvider",
+    "chat_completion",
     "chat_url",
     "lower_headers",
     "read_chat_stream",
@@ -347,14 +349,32 @@ async def _raise_for_status(response: httpx.Response) -> None:
 
 async def _read_body(response: httpx.Response, collector: Collector) -> Completion:
     data = json.loads(await response.aread())
+    return chat_completion(data, collector, lower_headers(response.headers.items()))
+
+
+def chat_completion(
+    data: Mapping[str, Any],
+    collector: Collector,
+    headers: dict[str, str],
+    fields: Sequence[str] = (),
+) -> Completion:
+    """The :class:`Completion` of a chat completion's JSON (not streamed).
+
+    Args:
+        data: The reply's JSON.
+        collector: Its timing.
+        headers: The response headers.
+        fields: The reply's fields kept as :attr:`Completion.reply` (if not null).
+    """
     choice = (data.get("choices") or [{}])[0]
-    text = (choice.get("message") or {}).get("content") or ""
+    finish = choice.get("finish_reason")  # compatible servers may send null
     return Completion(
-        text=text,
-        finish_reason=choice.get("finish_reason") or "stop",
+        text=(choice.get("message") or {}).get("content") or "",
+        finish_reason=finish if isinstance(finish, str) and finish else "stop",
         usage=openai_usage(data.get("usage")),
         seconds=collector.elapsed(),
-        headers=lower_headers(response.headers.items()),
+        headers=headers,
+        reply={k: data[k] for k in fields if data.get(k) is not None},
     )
 
 

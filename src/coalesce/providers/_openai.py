@@ -10,14 +10,19 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from .._pricing import PromptCache
-from ._base import Completion, CompletionRequest, Usage
-from ._http import REPLY_FIELDS, Collector, chat_body, lower_headers, read_chat_stream
+from ._base import Completion, CompletionRequest
+from ._http import (
+    REPLY_FIELDS,
+    Collector,
+    chat_body,
+    chat_completion,
+    lower_headers,
+    read_chat_stream,
+)
 from ._sdk import SDKProvider, sdk_transport_errors
 
 if TYPE_CHECKING:
     import openai
-    from openai.types import CompletionUsage
-    from openai.types.chat import ChatCompletion
 
 __all__ = ["OpenAIProvider"]
 
@@ -102,12 +107,11 @@ class OpenAIProvider(SDKProvider["openai.AsyncOpenAI"]):
             openai.APITimeoutError: The request timed out.
         """
         collector = Collector(on_text)
-        create = self.client.chat.completions.with_raw_response.create
-        raw = await create(**self.arguments(request))
+        raw = await _post(self.client, self.arguments(request))
         headers = lower_headers(raw.headers.items())
         if request.stream:
             return await _read_stream(raw.http_response, collector, headers)
-        return _completion(raw.parse(), collector, headers)
+        return chat_completion(raw.http_response.json(), collector, headers, REPLY_FIELDS)
 
     def arguments(self, request: CompletionRequest) -> dict[str, Any]:
         """The keyword arguments of ``chat.completions.create`` for ``request``.
@@ -131,28 +135,44 @@ class OpenAIProvider(SDKProvider["openai.AsyncOpenAI"]):
         return f"<OpenAIProvider base_url={str(self._client.base_url)!r} strict={self.strict}>"
 
 
-def _usage(usage: CompletionUsage | None) -> Usage | None:
-    if usage is None:
-        return None
-    details = usage.prompt_tokens_details
-    cached = details.cached_tokens if details is not None else None
-    return Usage(usage.prompt_tokens, usage.completion_tokens, cached or 0)
+#: ``create()``'s arguments that are not the request's body, and the ``post()`` option
+#: each one is (what ``create()`` itself makes of them).
+POST_OPTIONS = {
+    "extra_headers": "headers",
+    "extra_query": "params",
+    "extra_body": "extra_json",
+    "timeout": "timeout",
+}
+#: What ``create()`` asks of ``post()`` besides: bearer authentication.
+CREATE_SECURITY = {"bearer_auth": True}
+#: The SDK's "not given" sentinels: ``create()`` leaves such arguments out.
+_UNSENT = ("NotGiven", "Omit")
 
 
-def _reason(value: object, default: str) -> str:
-    return value if isinstance(value, str) and value else default
+async def _post(client: Any, arguments: dict[str, Any]) -> Any:
+    """The raw response to ``chat.completions.create(**arguments)``, posted as
+    ``create()`` posts it, without its per-field transform of the body: the body is
+    coalesce's own JSON (text messages, a schema, the options as given), which the
+    transform would give back as it is, at a millisecond of CPU a request."""
+    from openai import AsyncStream
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+    from ._sdk_openai import RAW_RESPONSE_HEADER, FinalRequestOptions
 
-def _completion(reply: ChatCompletion, collector: Collector, headers: dict[str, str]) -> Completion:
-    choice = reply.choices[0]
-    return Completion(
-        text=choice.message.content or "",
-        # Typed as always set, but compatible servers do send null.
-        finish_reason=_reason(choice.finish_reason, "stop"),
-        usage=_usage(reply.usage),
-        seconds=collector.elapsed(),
-        headers=headers,
-        reply=reply.model_dump(include=set(REPLY_FIELDS), exclude_none=True),
+    arguments = {k: v for k, v in arguments.items() if type(v).__name__ not in _UNSENT}
+    options = {to: arguments.pop(name) for name, to in POST_OPTIONS.items() if name in arguments}
+    options = {k: v for k, v in options.items() if v is not None or k == "timeout"}
+    options["headers"] = {**(options.get("headers") or {}), RAW_RESPONSE_HEADER: "true"}
+    if "security" in FinalRequestOptions.model_fields:  # releases that have it
+        options["security"] = dict(CREATE_SECURITY)
+    stream = bool(arguments.get("stream"))
+    return await client.post(
+        "/chat/completions",
+        body=arguments,
+        options=options,
+        cast_to=ChatCompletion,
+        stream=stream,
+        stream_cls=AsyncStream[ChatCompletionChunk],
     )
 
 

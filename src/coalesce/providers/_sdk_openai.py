@@ -26,8 +26,10 @@ TESTED = ("3.14.0", "3.30.0")
 INTERNALS: dict[str, str] = {
     # Which SDK clients have a default connection pool (``providers/_sdk.py``, by name).
     "AsyncHttpxClientWrapper": "openai._base_client",
-    # Raw responses of coalesced calls (``_wrap/raw.py``).
+    # Raw responses of coalesced calls (``_wrap/raw.py``); a packed request posted as
+    # ``create()`` posts it (``providers/_openai.py``).
     "FinalRequestOptions": "openai._models",
+    "RAW_RESPONSE_HEADER": "openai._constants",
     "LegacyAPIResponse": "openai._legacy_response",
     "AsyncAPIResponse": "openai._response",
     # ``chat.completions.parse`` (``_wrap/openai_parse.py``); ``openai.lib`` re-exports

@@ -7,7 +7,6 @@ schema adapted to strict structured outputs) and Anthropic's forced tool.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -66,14 +65,16 @@ def strict_openai_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
     Args:
         schema: A JSON schema with ``$defs`` (if any) at its root.
     """
-    root = copy.deepcopy(dict(schema))
-    strict: dict[str, Any] = _strict(root, root)
+    strict: dict[str, Any] = _strict(dict(schema), schema)
     return strict
 
 
-def _strict(node: Any, root: dict[str, Any]) -> Any:
+def _strict(node: Any, root: Mapping[str, Any]) -> Any:
+    """``node`` made strict: a new dict for each schema object (the schema given is
+    left as it is; its other values are shared)."""
     if not isinstance(node, dict):
         return node
+    node = dict(node)
     for key in ("$defs", "definitions"):
         if isinstance(node.get(key), dict):
             node[key] = {name: _strict(sub, root) for name, sub in node[key].items()}
@@ -93,14 +94,14 @@ def _strict(node: Any, root: dict[str, Any]) -> Any:
         del node["default"]
     if isinstance(node.get("$ref"), str) and len(node) > 1:
         target = _resolve(root, node.pop("$ref"))
-        return _strict({**copy.deepcopy(target), **node}, root)
+        return _strict({**target, **node}, root)
     return node
 
 
-def _resolve(root: dict[str, Any], ref: str) -> dict[str, Any]:
+def _resolve(root: Mapping[str, Any], ref: str) -> Mapping[str, Any]:
     node: Any = root
     for part in ref.removeprefix("#/").split("/") if ref != "#" else []:
         node = node.get(part.replace("~1", "/").replace("~0", "~"))
-    if not isinstance(node, dict):
+    if not isinstance(node, Mapping):
         raise ConfigurationError(f"$ref {ref!r} does not resolve to a schema object")
     return node
