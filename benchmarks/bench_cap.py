@@ -20,6 +20,10 @@ triage function (a shared instruction of about 400 tokens). Three scenarios:
   the window: groups reach 7 items; ``--position-max-wait`` sets another). Target: the
   cap ends at most 6, no more than 10 of the last 500 answers wrong.
 
+``--output text`` asks for free text instead (``-> str``, issue 37: compared by its
+words), the simulator's own short answers (about 6 tokens), or answers of
+``--answer-tokens`` tokens.
+
 Never tuned to the simulator: the learning sees only its own shadow verdicts. The
 evidence goes to a temporary ``$COALESCE_STORE`` directory, fresh for each run.
 
@@ -51,7 +55,7 @@ from bench_budget import INSTRUCTIONS, MODEL, OUTPUT_TOKENS, Triage, simulator, 
 from pydantic import TypeAdapter
 
 import coalesce
-from coalesce._demo import poisson
+from coalesce._demo import poisson, simulated_provider
 from coalesce.testing import PackingDegradation, SimulatedProvider, expected_output
 
 BUDGET = 2.0
@@ -86,22 +90,45 @@ class Run:
 
 #: Options every function of the run gets besides the defaults (``--max-wait``).
 EXTRA: dict[str, Any] = {}
+#: ``--output text``: the answers' type, and their length (``None``: the simulator's own).
+TEXT: dict[str, Any] = {"on": False, "tokens": None}
+
+
+def right_answer(text: str) -> Any:
+    if TEXT["on"]:
+        return expected_output(text, {"type": "string"}, output_tokens=TEXT["tokens"])
+    return expected_output(text, SCHEMA)
+
+
+def answer_tokens() -> int | None:
+    return TEXT["tokens"] if TEXT["on"] else OUTPUT_TOKENS
+
+
+def simulated() -> contextlib.AbstractContextManager[str]:
+    """The simulator in its own process, answering at ``answer_tokens()``."""
+    if not TEXT["on"]:
+        return simulator()
+    extra = {} if TEXT["tokens"] is None else {"output_tokens": TEXT["tokens"]}
+    return simulated_provider(latency=LATENCY, **extra)
+
+
+async def triage(ticket: str) -> Triage:  # type: ignore[empty-body]
+    """(instructions= below)"""
+
+
+async def product(ticket: str) -> str:  # type: ignore[empty-body]
+    """(instructions= below)"""
 
 
 def function(url: str, **options: Any) -> Any:
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="sk-sim", timeout=30.0)
-
-    @coalesce.prompt(
+    return coalesce.prompt(
         client=client,
         model=MODEL,
         instructions=INSTRUCTIONS,
         latency_budget=BUDGET,
         **{**EXTRA, **options},
-    )
-    async def triage(ticket: str) -> Triage:  # type: ignore[empty-body]
-        """(instructions= above)"""
-
-    return triage
+    )(product if TEXT["on"] else triage)
 
 
 async def stream(fn: Any, texts: Sequence[str], offsets: Sequence[float]) -> Run:
@@ -268,7 +295,10 @@ async def restart(url: str, rate: float, seed: int) -> None:
 def serve_past_position(port: int, last: int) -> None:
     """The simulator with :class:`PastPosition`, over HTTP on ``port``, until killed
     (in its own process, so that it does not share the client's CPU time)."""
-    sim = SimulatedProvider.from_config({"latency": LATENCY, "output_tokens": OUTPUT_TOKENS})
+    tokens = answer_tokens()
+    sim = SimulatedProvider.from_config(
+        {"latency": LATENCY, **({} if tokens is None else {"output_tokens": tokens})}
+    )
     sim.degradation = PastPosition(last=last)
     with sim.serve(port=port):
         while True:
@@ -301,7 +331,7 @@ async def position(calls: int, rate: float, seed: int, max_wait: float | None) -
         fn = function(url, **({} if max_wait is None else {"max_wait": max_wait}))
         run = await stream(fn, texts, poisson(calls, rate, seed + 2))
     wrong = [
-        not isinstance(a, Exception) and a.model_dump() != expected_output(t, SCHEMA)
+        not isinstance(a, Exception) and (a if TEXT["on"] else a.model_dump()) != right_answer(t)
         for a, t in zip(run.answers, texts, strict=True)
     ]
     failed = sum(isinstance(a, Exception) for a in run.answers)
@@ -332,7 +362,7 @@ async def main(args: argparse.Namespace) -> None:
     scenarios = {"right", "restart", "position"} if args.scenario == "all" else {args.scenario}
     with fresh_store():
         if scenarios & {"right", "restart"}:
-            with simulator() as url:
+            with simulated() as url:
                 if "right" in scenarios:
                     await right(url, learn, measure, args.rate, args.seed)
                 if "restart" in scenarios:
@@ -361,9 +391,12 @@ if __name__ == "__main__":
     parser.add_argument(
         "--scenario", default="all", choices=["all", "right", "restart", "position"]
     )
+    parser.add_argument("--output", default="triage", choices=["triage", "text"])
+    parser.add_argument("--answer-tokens", type=int, help="--output text: answers' length")
     warnings.simplefilter("ignore")
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]
     arguments = parser.parse_args()
     if arguments.max_wait is not None:
         EXTRA["max_wait"] = arguments.max_wait
+    TEXT.update(on=arguments.output == "text", tokens=arguments.answer_tokens)
     anyio.run(main, arguments)

@@ -275,7 +275,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("shadow", NOT_GIVEN, _LLM, "share of packed items also asked alone (not given:"
            " 0.01 where the cap is learned)", _fraction),
     Option("min_agreement", 0.9, _LLM, "agreement under which the cap falls", _fraction),
-    Option("agree", None, _LLM, "agree(packed, plain) -> bool (None: ==)", _callable),
+    Option("agree", None, _LLM, "agree(packed, plain) -> bool (None: ==, free text by its words)", _callable),
     Option("vote", False, _LLM, "ask each packed group in two orders", _flag),
     Option("screen", True, _LLM, "a call whose item reads like instructions goes alone",
            _flag_or_callable),

@@ -369,7 +369,8 @@ def prompt(
         shadow: Share of packed items also asked alone, to check packing; not given: 0.01
             where the cap is learned, else none.
         min_agreement: Agreement of packed and plain answers under which the cap comes down.
-        agree: ``agree(a, b) -> bool`` for the shadow guard and the vote (default: ``==``).
+        agree: ``agree(a, b) -> bool`` for the shadow guard and the vote (default:
+            ``==``, free text compared by its words).
         vote: Ask each packed group in two orders, settling differences with plain calls.
         screen: A call whose item reads like instructions goes alone; ``False``: off; or
             your own ``screen(item) -> bool``.

@@ -322,3 +322,12 @@ def test_learning_shadows_until_a_disagreement_could_still_be_outweighed() -> No
     # Confidently below the bar: the cap falls, no more shadow calls for this step.
     tail = [False] * 10 + [True] * 10
     assert not learning_wanted(8, 6, tail, {}, pending=0, spent=20, min_agreement=0.9)
+
+
+def test_a_cold_burst_goes_one_over_the_cap_until_anything_is_learned() -> None:
+    guard = ShadowGuard(0.01, 0.9, 32, learn=True, start=4)
+    assert (guard.cap, guard.burst_cap()) == (4, 5)
+    assert ShadowGuard(0.01, 0.9, 4, learn=True, start=4).burst_cap() == 4  # within its limit
+    assert ShadowGuard(0.01, 0.9, 32, start=4).burst_cap() == 4  # a cap not learned
+    guard.bad = 5  # a size judged too large: nothing is tried blind any more
+    assert guard.burst_cap() == 4

@@ -10,7 +10,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from coalesce._accuracy.texts import TEXT_AGREEMENT, answers_agree, token_f1, words
+from coalesce._accuracy.texts import (
+    TEXT_AGREEMENT,
+    agreement_for,
+    answers_agree,
+    labels,
+    token_f1,
+    words,
+)
+from coalesce.testing import degraded_output, expected_output
 
 
 class Review(BaseModel):
@@ -94,3 +102,40 @@ def test_agreement_is_symmetric(first: str, second: str) -> None:
 def test_the_threshold_decides_between_paraphrase_and_other_answer() -> None:
     assert answers_agree("Kindle Paperwhite", "Kindle", threshold=TEXT_AGREEMENT)
     assert not answers_agree("Kindle Paperwhite", "Kindle", threshold=0.9)
+
+
+def test_sharing_half_the_words_is_another_answer() -> None:
+    assert token_f1("Kindle Paperwhite", "Kindle Oasis") == pytest.approx(TEXT_AGREEMENT)
+    assert not answers_agree("Kindle Paperwhite", "Kindle Oasis")
+
+
+class Rated(BaseModel):
+    rating: Literal["positive", "very positive"]
+    reason: str
+
+
+def test_a_schemas_labels_compare_exactly_and_its_free_text_by_words() -> None:
+    schema = Rated.model_json_schema()
+    assert labels(schema) == {"positive", "very positive"}
+    agree = agreement_for(schema, None)
+    assert agree is not None
+    plain = Rated(rating="positive", reason="The battery lasts two days.")
+    assert agree(Rated(rating="positive", reason="battery lasts two days"), plain)
+    assert not agree(Rated(rating="very positive", reason="The battery lasts two days."), plain)
+
+
+def test_equality_without_free_text_and_the_users_agree_wins() -> None:
+    assert agreement_for({"enum": ["a", "b"]}, None) is None
+    assert agreement_for({"type": "integer"}, None) is None
+    mine = lambda packed, plain: True  # noqa: E731
+    assert agreement_for({"type": "string"}, mine) is mine
+    assert agreement_for({"type": "string"}, None) is not None
+
+
+@pytest.mark.parametrize("tokens", [None, 12, 40])
+def test_the_simulators_wrong_free_text_is_another_answer(tokens: int | None) -> None:
+    for item in range(50):
+        right = expected_output(item, {"type": "string"}, output_tokens=tokens)
+        wrong = degraded_output(item, {"type": "string"}, output_tokens=tokens)
+        assert answers_agree(right, expected_output(item, {"type": "string"}, output_tokens=tokens))
+        assert not answers_agree(wrong, right), (wrong, right)

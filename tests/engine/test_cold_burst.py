@@ -117,3 +117,41 @@ async def test_a_cold_burst_of_plain_text_chat_calls_through_wrap_is_packed() ->
     assert max(latencies) <= BUDGET, sorted(latencies)[-3:]
     reasons = client.statistics()["gpt-4o-mini"].dispatch_reasons
     assert reasons["probe"] == 1
+
+
+async def test_a_cold_burst_at_default_options_pays_back_its_probe() -> None:
+    # Issue 37: free text learns its cap from 4; the burst held through the probe goes
+    # one over it, so that 40 calls take no more requests than groups of 4 alone would.
+    sim = fast()
+
+    async def answer(question: str) -> str: ...
+
+    answer.__doc__ = INSTRUCTIONS
+    fn = coalesce.prompt(
+        client=sim.openai_client(max_retries=0), model="gpt-4o-mini", latency_budget=BUDGET
+    )(answer)
+    latencies = await timed(40, lambda n: fn(f"question {n}: how do I reset my password?"))
+    await fn.aclose()
+    assert len(sim.requests) <= 10
+    assert [r.items for r in sim.requests] == [1, 5, 5, 5, 5, 5, 5, 5, 4]
+    assert max(latencies) <= BUDGET, sorted(latencies)[-3:]
+    # Later calls, made after the probe's reply, meet the cap itself.
+    assert fn.statistics().group_cap == 4
+
+
+async def test_wrap_at_default_options_packs_a_cold_burst_of_chat_calls_as_widely() -> None:
+    sim = fast()
+    client = coalesce.wrap(sim.openai_client(), latency_budget=BUDGET)
+
+    async def one(n: int) -> None:
+        await client.chat.completions.create(
+            model="gpt-4o-mini",
+            messages=[
+                {"role": "system", "content": INSTRUCTIONS},
+                {"role": "user", "content": f"question {n}: how do I reset my password?"},
+            ],
+        )
+
+    latencies = await timed(40, one)
+    assert len(sim.requests) <= 10, [r.items for r in sim.requests]
+    assert max(latencies) <= BUDGET, sorted(latencies)[-3:]

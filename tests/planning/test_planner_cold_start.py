@@ -211,9 +211,13 @@ def test_a_cold_policy_probes_then_holds_then_plans_with_what_the_probe_taught()
     assert typical > 2.0 - state.predict(*tokens)
     assert hold.until == pytest.approx(min(typical, 1.0) - HOLD_GUARD)
     # The probe's reply ends the cold start; the held calls, offered again, group.
+    assert state.warmed is None
     state.request_done(fast_reply(now=0.3))  # type: ignore[arg-type]
     assert not state.cold
     assert not state.probing
+    assert state.warmed == 0.3  # the calls made before then were held through it
+    state.request_done(fast_reply(now=0.5))  # type: ignore[arg-type]
+    assert state.warmed == 0.3
     assert policy.before_add([], second, 0.3) is None
     assert policy.before_add([second], third, 0.3) is None  # a pair fits now
     # They waited past max_wait already: the pair is due at once.

@@ -224,15 +224,15 @@ class ContextPolicy:
     Args:
         admission: Knows the window and each admitted call's token plan.
         inner: The policy it composes with, or ``None``.
-        cap: The most items a window may hold now (the shadow guard's group cap), if
-            it can be lower than the batcher's ``max_items``.
+        cap: The most items a window of these members may hold now (the shadow
+            guard's group cap), if it can be lower than the batcher's ``max_items``.
     """
 
     def __init__(
         self,
         admission: Admission,
         inner: DispatchPolicy[Job] | None = None,
-        cap: Callable[[], int] | None = None,
+        cap: Callable[[Sequence[Job]], int] | None = None,
     ) -> None:
         self.admission = admission
         self.inner = inner
@@ -247,7 +247,7 @@ class ContextPolicy:
         if item.alone:
             return DispatchReason.SCREENED
         inner = self.inner
-        if members and self.cap is not None and len(members) >= self.cap():
+        if members and self.cap is not None and len(members) >= self.cap(members):
             return DispatchReason.FULL
         if members and self.admission.overflows([*members, item]):
             if inner is not None and inner.before_add((), item, now) is DispatchReason.SOLO:
@@ -258,7 +258,7 @@ class ContextPolicy:
     def after_add(self, members: Sequence[Job], now: float) -> Due | None:
         """At once if the window holds the cap; else ``inner``'s due time (``None``
         without one: the window's ``max_wait``)."""
-        if self.cap is not None and len(members) >= self.cap():
+        if self.cap is not None and len(members) >= self.cap(members):
             return Due(now, DispatchReason.FULL)
         return None if self.inner is None else self.inner.after_add(members, now)
 

@@ -28,6 +28,7 @@ from .._accuracy.learning import LearningBudget
 from .._accuracy.memory import CapMemory
 from .._accuracy.shadow import ShadowGuard
 from .._accuracy.shadowing import LearningCosts, Positions, Shadowing
+from .._accuracy.texts import agreement_for
 from .._accuracy.trust import SchemaTrust, declared_enforcement
 from .._accuracy.vote import VoteCosts
 from .._accuracy.voting import Voting
@@ -49,7 +50,7 @@ from .._paths import default_store_path
 from .._planning.context import known_output_limit
 from .._planning.cost import PackingCost, voting_pays
 from .._planning.footprint import Footprint, footprint
-from .._planning.longest import bounded_output_tokens, has_free_text
+from .._planning.longest import bounded_output_tokens
 from .._planning.output import expected_output_tokens
 from .._planning.planner import PlanLimits
 from .._planning.policy import BudgetPolicy
@@ -132,7 +133,7 @@ def assemble(
     learning's ceiling, :data:`~coalesce._options.LEARNED_CAP_CEILING`; the shadow
     guard's cap, in the dispatch policy, keeps them to what was learned.
     """
-    learn = learns(spec, options)
+    learn = learns(options)
     if learn:
         options = options.replace(max_items=LEARNED_CAP_CEILING)
     estimator = options.token_estimator or estimator_for(spec.model)
@@ -164,7 +165,7 @@ def assemble(
         spec, options, Observers(*listeners, *observers), planning, trust, cost, cache_key(spec),
         output_cap=admission.request_cap,
     )  # fmt: skip
-    cap = None if shadow is None else (lambda: shadow.cap)
+    cap = None if shadow is None else _cap(shadow, planning)
     policy = ContextPolicy(admission, BudgetPolicy(planning), cap)
     parts = Parts(
         estimator, pinned, recorder, trust, planning, admission, cost, shadow,
@@ -177,14 +178,24 @@ def assemble(
     return parts
 
 
-def learns(spec: FunctionSpec, options: Options) -> bool:
-    """Whether the function's group cap is learned: ``shadow=`` is on, ``max_items``
-    was not given (an explicit ``max_items`` pins it), and answers can be compared:
-    an output with free text in it learns only with the user's own ``agree=`` (equal
-    wording is no test of a free answer; a packed and a plain answer would seldom
-    agree, and the cap would fall for nothing)."""
-    comparable = options.agree is not None or not has_free_text(spec.output_schema)
-    return options.shadow_rate > 0 and options.max_items is NOT_GIVEN and comparable
+def learns(options: Options) -> bool:
+    """Whether the function's group cap is learned: ``shadow=`` is on and ``max_items``
+    was not given (an explicit ``max_items`` pins it). Free text too: its answers are
+    compared by their words (:func:`~coalesce._accuracy.texts.agreement_for`)."""
+    return options.shadow_rate > 0 and options.max_items is NOT_GIVEN
+
+
+def _cap(shadow: ShadowGuard, planning: Planning) -> Callable[[Sequence[Job]], int]:
+    """The group cap of a window: the guard's, or its cold burst's for a window of
+    calls all made before the probe's reply (:meth:`ShadowGuard.burst_cap`)."""
+
+    def cap(members: Sequence[Job]) -> int:
+        warmed = planning.warmed
+        if warmed is not None and all(job.arrival < warmed for job in members):
+            return shadow.burst_cap()
+        return shadow.cap
+
+    return cap
 
 
 def _paying(cost: PackingCost, shadow: ShadowGuard | None) -> Callable[[], float]:
@@ -224,7 +235,7 @@ def _runner(
             packs=partial(packs, group),
             pays=_voting_pays(parts, vote_costs, counts),
             in_time=lambda job: parts.in_time(job, job.deadline - anyio.current_time()),
-            agree=options.agree,
+            agree=agreement_for(group.spec.output_schema, options.agree),
             counts=counts,
         )
     if parts.shadow is not None:
@@ -299,7 +310,7 @@ def _shadow_guard(
         rate,
         options.min_agreement,
         options.most_items,
-        options.agree,
+        agreement_for(spec.output_schema, options.agree),
         learn=learn,
         start=start,
         memory=memory,

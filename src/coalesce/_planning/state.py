@@ -73,6 +73,8 @@ class Planning:
         cold: No request of the function has been reported yet (predictions are the
             prior's) and the cold start applies.
         probing: A probe was sent while cold and no request has been reported since.
+        warmed: When the reply that ended a probe came (``None``: no probe ended): the
+            calls made before it were held through the cold start.
     """
 
     def __init__(
@@ -96,6 +98,7 @@ class Planning:
         self.outputs = OutputTokenRegistry(default_prior=output_prior, factory=tracker)
         self.cold = cold_start
         self.probing = False
+        self.warmed: float | None = None
         self.largest = 1
         self.quota = RateLimitState()
         self._sent: deque[tuple[float, int]] = deque(maxlen=64)  # (time, tokens) per request
@@ -175,6 +178,8 @@ class Planning:
 
     def request_done(self, report: Report) -> None:
         """Learn from one request: quotas, whether replies stream, latency, output sizes."""
+        if self.probing:
+            self.warmed = report.now
         self.cold = self.probing = False
         if report.schema_broken or report.contradicted:
             self.replies_arrive_whole()  # answers are held for the reply's end from now on

@@ -398,7 +398,8 @@ def wrap(
         on_event: Called with each call, request, dispatch and retry event.
         shadow: Share of packed items also asked alone; not given: 0.01 where learned.
         min_agreement: Agreement of packed and plain answers under which the cap comes down.
-        agree: ``agree(a, b) -> bool`` for the shadow guard and the vote (default: ``==``).
+        agree: ``agree(a, b) -> bool`` for the shadow guard and the vote (default:
+            ``==``, free text compared by its words).
         screen: A call whose item reads like instructions goes alone.
         vote: Ask each packed group in two orders; settle differences with plain calls.
         lane: A call's lane unless its ``x-coalesce-lane`` header says (default

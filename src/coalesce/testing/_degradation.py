@@ -13,6 +13,7 @@ never degraded: it is the reference the packed answers are measured against.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from ._model import canonical_json, expected_output, fraction
 
 __all__ = ["PackingDegradation", "degrade_results", "degraded_output"]
 
+_WORD = re.compile(r"[a-z]+")
 #: Redraws tried before concluding that the schema allows one answer only.
 _ATTEMPTS = 64
 
@@ -122,7 +124,8 @@ def degraded_output(
 
     It is another draw of the same schema (so it validates as the right one does),
     different from :func:`expected_output`, and as long: an enum answers another
-    member, a number another number, a string another string, an object other
+    member, a number another number, a string other text (no word of its padding in
+    the right answer: a wrong summary is not the right one reworded), an object other
     values. Only a schema that allows one answer (a ``const``, an enum of one) has
     no wrong answer: then this is the right one, and the item counts as not degraded.
 
@@ -138,9 +141,10 @@ def degraded_output(
 def _wrong(
     item_input: Any, schema: Mapping[str, Any] | None, right: Any, tokens: int | None
 ) -> Any:
+    words = set(_WORD.findall(canonical_json(right)))
     for attempt in range(_ATTEMPTS):
         other = {"degraded": item_input, "attempt": attempt}
-        candidate = expected_output(other, schema, output_tokens=tokens)
+        candidate = expected_output(other, schema, output_tokens=tokens, avoid=words)
         if candidate != right:
             return candidate
     return right

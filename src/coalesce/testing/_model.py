@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 __all__ = ["canonical_json", "expected_output", "fraction", "free_text"]
@@ -57,7 +57,11 @@ def _input_key(item_input: Any) -> str:
 
 
 def expected_output(
-    item_input: Any, schema: Mapping[str, Any] | None = None, *, output_tokens: int | None = None
+    item_input: Any,
+    schema: Mapping[str, Any] | None = None,
+    *,
+    output_tokens: int | None = None,
+    avoid: Collection[str] = (),
 ) -> Any:
     """Return the answer the simulated model gives to ``item_input``.
 
@@ -72,16 +76,19 @@ def expected_output(
             its own ``$defs``), e.g. ``MyModel.model_json_schema()``.
         output_tokens: Target length; the first free string of the answer is padded
             with deterministic words until the answer is about this many tokens long.
+        avoid: Words the padding does not use (where others are left): a wrong
+            answer's text shares none with the right one's.
     """
     key = _input_key(item_input)
+    vocabulary = [word for word in _WORDS if word not in avoid] or _WORDS
     if schema is None or free_text(schema):
         # Free text is the same answer whether asked for as text or as a JSON string.
-        padded = _pad(f"out-{key[:12]}", key, output_tokens, f"out-{key[:12]}")
-        return padded
+        text = f"out-{key[:12]}"
+        return _pad(text, key, output_tokens, text, vocabulary)
     generator = _Generator(schema, key)
     value = generator.value(schema, "", 0)
     if output_tokens is not None and generator.free_strings:
-        value = _pad_at(value, generator.free_strings[0], key, output_tokens)
+        value = _pad_at(value, generator.free_strings[0], key, output_tokens, vocabulary)
     return value
 
 
@@ -107,27 +114,31 @@ def _estimate_tokens(value: Any) -> int:
     return math.ceil(len(canonical_json(value)) / 4)
 
 
-def _pad(text: str, key: str, target: int | None, whole: Any) -> str:
+def _pad(
+    text: str, key: str, target: int | None, whole: Any, vocabulary: Sequence[str] = _WORDS
+) -> str:
     if target is None:
         return text
     missing = target - _estimate_tokens(whole)
-    words = [_WORDS[_digest(key, f"pad/{i}")[0] % len(_WORDS)] for i in range(max(0, missing))]
+    n = len(vocabulary)
+    words = [vocabulary[_digest(key, f"pad/{i}")[0] % n] for i in range(max(0, missing))]
     return " ".join([text, *words]) if words else text
 
 
-def _pad_at(value: Any, path: tuple[str | int, ...], key: str, target: int) -> Any:
+def _pad_at(
+    value: Any, path: tuple[str | int, ...], key: str, target: int, vocabulary: Sequence[str]
+) -> Any:
     if not path:
-        return _pad(str(value), key, target, value)
+        return _pad(str(value), key, target, value, vocabulary)
     head, rest = path[0], path[1:]
     copy: Any = dict(value) if isinstance(value, dict) else list(value)
     inner = copy[head]
     if not rest:
         missing = target - _estimate_tokens(value) + _estimate_tokens(inner)
-        copy[head] = _pad(str(inner), key, missing, inner)
+        copy[head] = _pad(str(inner), key, missing, inner, vocabulary)
     else:
-        copy[head] = _pad_at(
-            inner, rest, key, target - _estimate_tokens(value) + _estimate_tokens(inner)
-        )
+        extra = target - _estimate_tokens(value) + _estimate_tokens(inner)
+        copy[head] = _pad_at(inner, rest, key, extra, vocabulary)
     return copy
 
 
