@@ -240,6 +240,9 @@ class UsageShares(NoObserver):
 
     def __init__(self) -> None:
         self._estimator = estimator_for(None)  # weights only: no model-specific warning
+        # Its encoding loads now, not on the event loop at the first reply (0.2-0.3 s
+        # of CPU there held a cold burst's calls past the time their groups needed).
+        self._estimator.count("")
         self._shares: dict[Job, UsageShare] = {}
 
     def track(self, job: Job) -> UsageShare:
