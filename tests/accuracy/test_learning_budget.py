@@ -9,7 +9,7 @@ from coalesce._accuracy.learning import LEARNING_SHARE, LearningBudget, verdicts
 from coalesce._accuracy.shadow import ShadowGuard
 
 PRICE = 100.0  # one shadow call, in input-token equivalents
-STEP = verdicts_to_rise(0.9)  # 35: the least a step of the cap costs
+STEP = verdicts_to_rise(0.9)  # 25: the least a step of the cap costs
 
 
 def test_the_budget_spends_a_share_of_the_savings_and_reserves_a_whole_step() -> None:
@@ -46,9 +46,10 @@ def feed(guard: ShadowGuard, items: int, saved_per_item: float) -> int:
 
 def test_learning_waits_until_half_the_savings_pay_for_a_whole_step() -> None:
     guard = learning_guard()
-    # Each packed item saves a fifth of a shadow call: a step (35 calls) is paid for by
-    # half the savings of 350 items; before that, learning shadows nothing.
-    assert feed(guard, 340, PRICE / 5) == 0
+    # Each packed item saves a fifth of a shadow call: a step (25 calls) is paid for by
+    # half the savings of 250 items; before that, learning shadows nothing.
+    assert STEP == 25
+    assert feed(guard, 10 * STEP - 10, PRICE / 5) == 0
     assert guard.learning_requests == 0
     assert guard.cap == 4
     feed(guard, 2000, PRICE / 5)

@@ -71,7 +71,7 @@ def top(cap: int) -> dict[int, tuple[int, int]]:
 
 def test_a_confidently_good_tail_doubles_the_cap_up_to_its_limit() -> None:
     need = verdicts_to_rise(0.9)
-    assert need == 35
+    assert need == 25  # the one-sided 95% lower bound of 25/25 is over 0.9, of 24/24 under
     good = [True] * need
     assert next_cap(4, 32, None, {}, good, top(4), 0.9).cap == 8
     assert next_cap(16, 32, None, {}, good, top(16), 0.9).cap == 32
@@ -80,7 +80,7 @@ def test_a_confidently_good_tail_doubles_the_cap_up_to_its_limit() -> None:
     assert next_cap(4, 32, None, {}, good[:-1], top(4), 0.9).cap == 4  # not confident yet
     assert next_cap(4, 32, None, {}, good, top(4), 0.9, rise=False).cap == 4
     move = next_cap(4, 32, None, {}, good, top(4), 0.9)
-    assert "past position 2 is 35/35" in move.reason
+    assert "past position 2 is 25/25" in move.reason
 
 
 def test_the_cap_rises_only_on_evidence_from_groups_that_reached_it() -> None:
@@ -306,18 +306,19 @@ def test_bad_shadow_options_are_refused_at_decoration(
 
 
 def test_learning_shadows_until_a_disagreement_could_still_be_outweighed() -> None:
-    from coalesce._accuracy.learning import learning_wanted, verdicts_to_decide
+    from coalesce._accuracy.learning import Z, learning_wanted, verdicts_to_decide
     from coalesce._observe.agreement import wilson_interval
 
-    assert [verdicts_to_decide(d, 0.9) for d in range(4)] == [35, 53, 69, 84]
+    assert [verdicts_to_decide(d, 0.9) for d in range(4)] == [25, 42, 58, 72]
     for d in range(4):
         n = verdicts_to_decide(d, 0.9)
-        assert wilson_interval(n - d, n)[0] >= 0.9 > wilson_interval(n - 1 - d, n - 1)[0]
-    # Two disagreements in 43 verdicts: still undecided (the interval's lower end is
-    # under 0.9), so learning goes on asking, up to 69 verdicts, and not past them.
+        low, before = wilson_interval(n - d, n, Z)[0], wilson_interval(n - 1 - d, n - 1, Z)[0]
+        assert low >= 0.9 > before
+    # Two disagreements in 43 verdicts: still undecided (the one-sided lower bound is
+    # under 0.9), so learning goes on asking, up to 58 verdicts, and not past them.
     tail = [False, False] + [True] * 41
     assert learning_wanted(8, 6, tail, {}, pending=0, spent=50, min_agreement=0.9)
-    tail = [False, False] + [True] * 67
+    tail = [False, False] + [True] * 56
     assert not learning_wanted(8, 6, tail, {}, pending=0, spent=70, min_agreement=0.9)
     # Confidently below the bar: the cap falls, no more shadow calls for this step.
     tail = [False] * 10 + [True] * 10

@@ -10,7 +10,7 @@ a verdict at the item's group size and its position in the request.
   the cap is judged by its *tail*: items at positions past half the cap, in groups
   larger than half the cap. :func:`next_cap` raises the cap (doubled, up to the
   ``limit``) when agreement in the tail is confidently at least ``min_agreement`` (the
-  lower end of its 95% Wilson interval), and lowers it to just before the first
+  lower end of its one-sided 95% Wilson bound), and lowers it to just before the first
   weak position of a tail that is confidently below (the upper end under it).
 * **Sizes too.** As before, a group size at or under the cap whose agreement is
   confidently below ``min_agreement`` halves the cap below it.
@@ -52,6 +52,7 @@ __all__ = [
     "TOP_SAMPLES",
     "LearningBudget",
     "Move",
+    "Z",
     "fills",
     "in_tail",
     "in_top",
@@ -77,8 +78,11 @@ STEP_ALLOWANCE = 3
 #: of the cap's tail before learning pays for a rise: below it, the groups the traffic
 #: makes (their wait ended by the budget, not by the cap) would not use a higher cap.
 FILLED_SHARE = 0.2
-#: The z of the 95% interval.
-Z = 1.96
+#: The z of a one-sided 95% bound. Each decision asks one question in one direction (is
+#: agreement at least ``min_agreement``? is it under?), so the bound it needs is
+#: one-sided: 25 agreeing verdicts decide a rise at 0.9, where the lower end of a
+#: two-sided 95% interval took 35, each a plain call at full price.
+Z = 1.645
 #: The most of packing's savings so far that learning may spend on shadow calls: the
 #: other half is the caller's from the first job on (with short instructions, where a
 #: packed item saves little, learning then waits until enough was saved).
@@ -138,8 +142,8 @@ class Move(NamedTuple):
 
 
 def verdicts_to_rise(min_agreement: float) -> int:
-    """How many agreeing verdicts put the lower end of the 95% interval at
-    ``min_agreement`` (35 for 0.9): the least a step of the cap costs."""
+    """How many agreeing verdicts put the one-sided 95% lower bound at
+    ``min_agreement`` (25 for 0.9): the least a step of the cap costs."""
     if min_agreement <= 0:
         return 1
     if min_agreement >= 1:
@@ -149,12 +153,12 @@ def verdicts_to_rise(min_agreement: float) -> int:
 
 @functools.lru_cache(maxsize=256)
 def verdicts_to_decide(disagreements: int, min_agreement: float) -> int:
-    """How many verdicts, ``disagreements`` of them against, put the lower end of the
-    95% interval at ``min_agreement`` when all the others agree (69 with 2 against, at
-    0.9); at most :data:`STEP_ALLOWANCE` times :func:`verdicts_to_rise`."""
+    """How many verdicts, ``disagreements`` of them against, put the one-sided 95% lower
+    bound at ``min_agreement`` when all the others agree (58 with 2 against, at 0.9); at
+    most :data:`STEP_ALLOWANCE` times :func:`verdicts_to_rise`."""
     most = STEP_ALLOWANCE * verdicts_to_rise(min_agreement)
     for n in range(max(1, disagreements), most):
-        if wilson_interval(n - disagreements, n)[0] >= min_agreement:
+        if wilson_interval(n - disagreements, n, Z)[0] >= min_agreement:
             return n
     return most
 
@@ -221,11 +225,11 @@ def next_cap(
         return Move(
             max(1, size // 2),
             _lowest(bad, size),
-            f"agreement in groups of {size} is {agreed}/{total} (95% interval up to"
+            f"agreement in groups of {size} is {agreed}/{total} (95% bound"
             f" {high:.1%}), under {min_agreement:.0%}",
         )
     agreed, total = sum(tail), len(tail)
-    low, high = wilson_interval(agreed, total)
+    low, high = wilson_interval(agreed, total, Z)
     fall = _tail_fall(cap, bad, tail, positions, min_agreement, tail_samples)
     if fall is not None:
         return fall
@@ -236,7 +240,7 @@ def next_cap(
         return Move(
             min(2 * cap, top),
             bad,
-            f"agreement past position {cap // 2} is {agreed}/{total} (95% interval from"
+            f"agreement past position {cap // 2} is {agreed}/{total} (95% bound"
             f" {low:.1%}), at least {min_agreement:.0%}",
         )
     return Move(cap, bad)
@@ -262,14 +266,14 @@ def _tail_fall(
             f" {min_agreement:.0%}",
         )
     agreed, total = sum(tail), len(tail)
-    high = wilson_interval(agreed, total)[1]
+    high = wilson_interval(agreed, total, Z)[1]
     if total < tail_samples or high >= min_agreement:
         return None
     first = _first_weak_position(cap, positions, min_agreement)
     return Move(
         max(1, first - 1),
         _lowest(bad, first),
-        f"agreement past position {cap // 2} is {agreed}/{total} (95% interval up to"
+        f"agreement past position {cap // 2} is {agreed}/{total} (95% bound"
         f" {high:.1%}), under {min_agreement:.0%}; position {first} is the first weak one",
     )
 
@@ -286,7 +290,7 @@ def _weak_size(
         votes = sizes[size]
         if size > cap or len(votes) < min_samples:
             continue
-        high = wilson_interval(sum(votes), len(votes))[1]
+        high = wilson_interval(sum(votes), len(votes), Z)[1]
         if high < min_agreement:
             return size, sum(votes), len(votes), high
     return None
@@ -296,7 +300,7 @@ def _weak_position(positions: Mapping[int, tuple[int, int]], min_agreement: floa
     """The first position whose own verdicts are confidently under ``min_agreement``."""
     for position in sorted(positions):
         agreed, total = positions[position]
-        if total >= POSITION_SAMPLES and wilson_interval(agreed, total)[1] < min_agreement:
+        if total >= POSITION_SAMPLES and wilson_interval(agreed, total, Z)[1] < min_agreement:
             return position
     return None
 
@@ -344,10 +348,10 @@ def learning_wanted(
     agreed, total = sum(tail), len(tail)
     if not filled and pending + total >= TAIL_SAMPLES:
         return False  # enough to judge a fall; a rise would carry nothing more
-    if total and wilson_interval(agreed, total)[0] >= min_agreement:
+    if total and wilson_interval(agreed, total, Z)[0] >= min_agreement:
         # Good so far: what is missing is evidence from groups that reached the cap.
         return in_top(cap, position) and top_verdicts(cap, positions) < TOP_SAMPLES
-    if total and wilson_interval(agreed, total)[1] < min_agreement:
+    if total and wilson_interval(agreed, total, Z)[1] < min_agreement:
         return False  # confidently below: the cap comes down without more
     # Enough verdicts that, if the rest agree, the interval's lower end reaches the bar.
     return pending + total < verdicts_to_decide(total - agreed, min_agreement)
