@@ -17,13 +17,18 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
+import anyio.abc
 import anyio.to_thread
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from .._fleet import Member
+from .._fleet.wire import Forwarded, Reply
+from . import fleet
 from .config import GatewayConfig
 from .metrics import CONTENT_TYPE
 from .proxy import proxy
@@ -47,6 +52,8 @@ def gateway_of(app: Starlette) -> GatewayState:
 
 def _coalescing(state: GatewayState, api: Api) -> Endpoint:
     async def endpoint(request: Request) -> Response:
+        if state.member is not None:
+            return await fleet.answer(state, api, request)
         return await answer(state, api, request)
 
     return endpoint
@@ -58,7 +65,11 @@ def _routes(state: GatewayState) -> list[Route]:
 
     async def readyz(request: Request) -> Response:
         ready = state.ready
-        return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
+        shown: dict[str, Any] = {"ready": ready}
+        if state.member is not None:  # NATS down is no reason to refuse calls: they
+            # are coalesced here meanwhile, and the fleet's state says so
+            shown["fleet"] = state.member.statistics()._asdict()
+        return JSONResponse(shown, status_code=200 if ready else 503)
 
     async def metrics(request: Request) -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
@@ -75,6 +86,24 @@ def _routes(state: GatewayState) -> list[Route]:
     return [*own, *coalesced, Route("/{path:path}", other, methods=METHODS)]
 
 
+async def _join(tasks: anyio.abc.TaskGroup, state: GatewayState) -> Member | None:
+    """Join the fleet ``state``'s settings name, if any (in the background: calls are
+    coalesced here until NATS answers)."""
+    settings = state.config.fleet_settings
+    if settings is None:
+        return None
+
+    async def serve(call: Forwarded) -> Reply | None:
+        return await fleet.serve(state, call)
+
+    member = Member(settings, serve)
+    member.ceiling = state.config.upstream_timeout
+    await tasks.start(member.run)
+    state.metrics.watch_fleet(member.statistics)
+    state.member = member
+    return member
+
+
 def create_app(config: GatewayConfig, state: GatewayState | None = None) -> Starlette:
     """The gateway's ASGI app for ``config``.
 
@@ -88,12 +117,18 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> Star
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await anyio.to_thread.run_sync(warm_up)
         gateway.upstreams = Upstreams.open(config, gateway.metrics)
-        try:
-            yield
-        finally:
-            gateway.draining = True
-            await gateway.upstreams.aclose()
-            gateway.upstreams = None
+        async with anyio.create_task_group() as tasks:
+            member = await _join(tasks, gateway)
+            try:
+                yield
+            finally:
+                gateway.draining = True
+                if member is not None:
+                    await member.stop_serving(config.graceful_timeout)
+                    tasks.cancel_scope.cancel()
+                    gateway.member = None
+                await gateway.upstreams.aclose()
+                gateway.upstreams = None
 
     app = Starlette(routes=_routes(gateway), lifespan=lifespan)
     app.state.gateway = gateway
