@@ -122,7 +122,9 @@ async def _send(work: Work, start_at: float) -> list[Outcome]:
                 response_format=Triage,
             )
         except Exception as exc:
-            outcomes.append(Outcome(replica, time.perf_counter() - began, type(exc).__name__, time.time()))
+            outcomes.append(
+                Outcome(replica, time.perf_counter() - began, type(exc).__name__, time.time())
+            )
             return
         seconds = time.perf_counter() - began
         parsed = reply.choices[0].message.parsed
@@ -245,7 +247,9 @@ def replica(sim_url: str, store: str, *flags: str) -> Iterator[Replica]:
 
 def _fleet_state(replica: Replica) -> dict[str, Any]:
     try:
-        state: dict[str, Any] = httpx.get(f"{replica.url}/readyz", timeout=5).json().get("fleet", {})
+        state: dict[str, Any] = (
+            httpx.get(f"{replica.url}/readyz", timeout=5).json().get("fleet", {})
+        )
     except httpx.HTTPError:
         return {}
     return state
@@ -321,7 +325,9 @@ def print_table(runs: dict[str, dict[str, Any]], calls: int) -> None:
         )
     fleet, killed = runs[ARMS[1]], runs[ARMS[2]]
     ratio = fleet["prompt_tokens"] / one
-    print(f"\nTarget, {ARMS[1]}, <= 1.10x one gateway's prompt tokens: {_holds(ratio <= 1.10)} ({ratio:.2f}x)")
+    print(
+        f"\nTarget, {ARMS[1]}, <= 1.10x one gateway's prompt tokens: {_holds(ratio <= 1.10)} ({ratio:.2f}x)"
+    )
     print(f"Target, {ARMS[1]}, >= 99% within budget: {_holds(fleet['within'] >= 0.99)}")
     wrong = sum(o.error is not None for o in _live(killed["outcomes"]))
     print(

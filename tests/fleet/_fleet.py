@@ -3,7 +3,7 @@ all in front of one simulator, all given one NATS server's URL."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -21,17 +21,32 @@ def member_of(running: Running) -> Member:
 
 async def until(condition: Callable[[], bool], what: str) -> None:
     """Wait (without measuring) until ``condition()`` holds; a hang ends the test."""
-    with anyio.fail_after(30):
-        while not condition():
-            await anyio.sleep(0.01)
+    for _ in range(3000):  # polled: the state is another thread's (or process's)
+        if condition():
+            return
+        await anyio.sleep(0.01)
+    raise AssertionError(f"never {what}")
+
+
+async def until_async(condition: Callable[[], Awaitable[bool]], what: str) -> None:
+    """:func:`until` for a condition that must be awaited (an HTTP request)."""
+    for _ in range(3000):
+        if await condition():
+            return
+        await anyio.sleep(0.01)
+    raise AssertionError(f"never {what}")
 
 
 @asynccontextmanager
-async def fleet(sim_url: str, nats_url: str, size: int = 2, **options: Any) -> AsyncIterator[list[Running]]:
+async def fleet(
+    sim_url: str, nats_url: str, size: int = 2, **options: Any
+) -> AsyncIterator[list[Running]]:
     """``size`` gateways in one fleet, each connected to NATS and its lease bucket."""
     async with AsyncExitStack() as stack:
         members = [
-            await stack.enter_async_context(serving(gateway_config(sim_url, fleet=nats_url, **options)))
+            await stack.enter_async_context(
+                serving(gateway_config(sim_url, fleet=nats_url, **options))
+            )
             for _ in range(size)
         ]
         for running in members:

@@ -18,11 +18,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "gateway"))  # _serving, _traffic
 
-from _nats import NatsServer  # noqa: E402
-from _serving import Recorder  # noqa: E402
+from _nats import NatsServer
+from _serving import Recorder
 
-from coalesce.testing import SimulatedProvider  # noqa: E402
-from coalesce.testing._server import ServerThread  # noqa: E402
+from coalesce.testing import SimulatedProvider
+from coalesce.testing._server import ServerThread
 
 
 @pytest.fixture
@@ -42,7 +42,9 @@ def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
 
 @pytest.fixture
 def sim() -> SimulatedProvider:
-    return SimulatedProvider(time_scale=0.5)
+    # A quarter of the simulated latency: these tests assert on who answered what, not
+    # on time, and a run of tests/fleet is kept short.
+    return SimulatedProvider(time_scale=0.25)
 
 
 @pytest.fixture

@@ -4,23 +4,16 @@ exactly its own answer, and the fleet is one again after."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import anyio
-import httpx
 import openai
 import pytest
 from _fleet import fleet, member_of, until
-from _nats import NatsServer
+from _nats import Cable, NatsServer
 from _serving import gateway_config, serving
 from _traffic import CALLS, Ticket, chat_body, expected_ticket, tickets
-
-import coalesce
 
 pytestmark = pytest.mark.anyio
 
@@ -72,60 +65,36 @@ async def test_nats_killed_and_restarted_no_call_fails(
         assert sum(m.statistics().forwarded for m in members) > forwarded  # one again
 
 
-@contextmanager
-def _process_gateway(sim_url: str, nats_url: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """``coalesce serve --fleet`` in a process of its own (killed with -9 by the test)."""
-    source = os.path.dirname(os.path.dirname(coalesce.__file__))
-    env = {**os.environ, "PYTHONPATH": source}
-    command = [
-        sys.executable, "-m", "coalesce", "serve", "--port", "0", "--budget", "2",
-        "--max-items", "20", "--log-level", "warning", "--fleet", nats_url,
-        "--openai-upstream", f"{sim_url}/v1", "--anthropic-upstream", sim_url,
-    ]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, env=env)
+@asynccontextmanager
+async def _cut_at_exit(cable: Cable) -> AsyncIterator[None]:
     try:
-        assert process.stdout is not None
-        line = process.stdout.readline().decode()
-        assert line.startswith("coalesce gateway listening on "), line
-        yield line.split()[-1], process
+        yield
     finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(10)
-        if process.stdout is not None:
-            process.stdout.close()
+        cable.cut()
 
 
-async def _fleet_state(url: str) -> dict[str, object]:
-    async with httpx.AsyncClient() as http:
-        reply = await http.get(f"{url}/readyz")
-    state: dict[str, object] = reply.json().get("fleet", {})
-    return state
-
-
-async def test_the_owner_killed_mid_run_every_call_is_answered(
+async def test_the_owner_gone_mid_run_every_call_is_answered(
     sim_url: str, nats_server: NatsServer
 ) -> None:
-    with _process_gateway(sim_url, nats_server.url) as (owner_url, owner):
-        async with serving(gateway_config(sim_url, fleet=nats_server.url)) as forwarder:
-            member = member_of(forwarder)
-            await until(lambda: member.connected, "joined")
-            with anyio.fail_after(30):
-                while not (await _fleet_state(owner_url)).get("connected"):
-                    await anyio.sleep(0.01)
-            # The owner's first call makes it the partition's owner.
-            first = tickets(1, "First")
-            assert await _wave([f"{owner_url}/v1"], first) == [expected_ticket(first[0])]
+    cable = Cable(nats_server.port)  # the owner's connection, cut as kill -9 would
+    async with (
+        _cut_at_exit(cable),
+        serving(gateway_config(sim_url, fleet=cable.url)) as owner,
+        serving(gateway_config(sim_url, fleet=nats_server.url)) as forwarder,
+    ):
+        members = [member_of(owner), member_of(forwarder)]
+        await until(lambda: all(m.connected for m in members), "joined")
+        first = tickets(1, "First")  # the owner's first call makes it the owner
+        assert await _wave([owner.openai_url], first) == [expected_ticket(first[0])]
+        assert members[0].statistics().owned == 1
 
-            async def kill_owner() -> None:
-                with anyio.fail_after(30):
-                    while not (await _fleet_state(owner_url)).get("served"):
-                        await anyio.sleep(0.01)
-                owner.send_signal(signal.SIGKILL)
+        async def cut_owner() -> None:
+            await until(lambda: members[0].statistics().served > 0, "a call forwarded")
+            cable.cut()
 
-            asked = tickets(CALLS, "Handover")
-            answers = await _wave([forwarder.openai_url], asked, kill_owner)
-            assert answers == [expected_ticket(t) for t in asked]
-            stats = member.statistics()
-            # The calls in flight on the owner came back, and the lease with them.
-            assert (stats.takeovers, stats.owned, stats.fallbacks) == (1, 1, 0)
+        asked = tickets(CALLS, "Handover")
+        answers = await _wave([forwarder.openai_url], asked, cut_owner)
+        assert answers == [expected_ticket(t) for t in asked]
+        stats = members[1].statistics()
+        # The calls in flight on the owner came back, and the lease with them.
+        assert (stats.takeovers, stats.owned, stats.fallbacks) == (1, 1, 0)

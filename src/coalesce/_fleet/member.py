@@ -130,6 +130,8 @@ class Member:
         self._tasks: anyio.abc.TaskGroup | None = None
         self._calls: Any = None
         self._idle: anyio.Event | None = None
+        self._leaving = False
+        self.joined = anyio.Event()
 
     def __repr__(self) -> str:
         state = "joined" if self.connected else "local"
@@ -386,6 +388,8 @@ class Member:
     # -- the connection --------------------------------------------------------------
 
     async def _disconnected(self) -> None:
+        if self._leaving:
+            return
         logger.warning("fleet: NATS unreachable; %s coalesces locally until it is back", self.me)
         for holder in list(self.watches):
             self._gone(holder)
@@ -403,6 +407,7 @@ class Member:
             except LeaseUnavailable as exc:
                 logger.warning("fleet: %s; coalescing locally meanwhile", exc)
                 await anyio.sleep(1.0)
+        self.joined.set()
         logger.info("fleet: %s joined the fleet at %s", self.me, shown_url(self.settings.url))
 
     async def _connect(self) -> None:
@@ -462,6 +467,7 @@ class Member:
         """Let go of every lease (the next call of each partition claims it at once), then
         close the connection."""
         nc, leases, owned = self.nc, self.leases, dict(self.owned)
+        self._leaving = True
         self.leases = None
         self.owned.clear()
         if nc is None:

@@ -36,8 +36,10 @@ from .routes import APIS, Api, answer
 from .state import GatewayState
 from .upstream import Upstreams, warm_up
 
-__all__ = ["METHODS", "create_app", "gateway_of"]
+__all__ = ["JOIN_WAIT", "METHODS", "create_app", "gateway_of"]
 
+#: Seconds a gateway in a fleet waits at startup to join it before taking calls.
+JOIN_WAIT = 5.0
 #: Every method the proxy passes on.
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
@@ -99,6 +101,10 @@ async def _join(tasks: anyio.abc.TaskGroup, state: GatewayState) -> Member | Non
     member = Member(settings, serve)
     member.ceiling = state.config.upstream_timeout
     await tasks.start(member.run)
+    # Calls are taken once the fleet is joined (none coalesced apart while it settles),
+    # or, NATS unreachable, after a short wait (they are coalesced here meanwhile).
+    with anyio.move_on_after(JOIN_WAIT):
+        await member.joined.wait()
     state.metrics.watch_fleet(member.statistics)
     state.member = member
     return member

@@ -14,7 +14,9 @@ one is missing.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import math
+import os
 import signal
 import socket
 import sys
@@ -85,22 +87,21 @@ def main(argv: Sequence[str]) -> int:
     """
     args = list(argv[1:] if argv[:1] == ["serve"] else argv)
     config = load_config(args)
-    try:
-        import aiohttp  # noqa: F401
-        import anthropic  # noqa: F401
-        import openai  # noqa: F401
-        import prometheus_client  # noqa: F401
-        import starlette  # noqa: F401
-        import uvicorn  # noqa: F401
-    except ImportError as exc:
+    missing = _missing(config)
+    if missing is not None:
         print(
-            f"coalesce serve needs {exc.name}: pip install 'coalesce-llm[gateway]'",
+            f"coalesce serve needs {missing}: pip install 'coalesce-llm[gateway{missing_extra(missing)}]'",
             file=sys.stderr,
         )
         return 2
     from .logs import configure, logger
+    from .workers import FD_VARIABLE
 
     configure(config.log_level)
+    inherited = os.environ.get(FD_VARIABLE)
+    if inherited:  # a worker of --workers: the parent's socket, already listening
+        run(config, socket.socket(fileno=int(inherited)))
+        return 0
     try:
         sock = bind(config.host, config.port)
     except OSError as exc:
@@ -113,8 +114,35 @@ def main(argv: Sequence[str]) -> int:
     print(f"coalesce gateway listening on {url}", flush=True)
     print(f"  OpenAI base_url: {url}/v1   Anthropic base_url: {url}", flush=True)
     logger.info("coalesce gateway starting: %s", config.describe())
+    if config.workers > 1:
+        return _workers(args, config, sock)
     run(config, sock)
     return 0
+
+
+#: The modules ``coalesce serve`` needs (the gateway extra's), and a fleet's.
+_NEEDED = ("aiohttp", "anthropic", "openai", "prometheus_client", "starlette", "uvicorn")
+
+
+def _missing(config: GatewayConfig) -> str | None:
+    """The first module the gateway of ``config`` needs that is not installed. Found,
+    not imported: a parent of ``--workers`` never imports what only its workers run."""
+    needed = _NEEDED + (("nats",) if config.fleet or config.workers > 1 else ())
+    return next((name for name in needed if importlib.util.find_spec(name) is None), None)
+
+
+def missing_extra(module: str) -> str:
+    """The extra besides ``gateway`` that installs ``module``: ``,fleet`` for nats-py."""
+    return ",fleet" if module == "nats" else ""
+
+
+def _workers(argv: Sequence[str], config: GatewayConfig, sock: socket.socket) -> int:
+    """``--workers N``: N processes on ``sock``, one fleet (``workers.py``)."""
+    from .workers import embedded_nats, supervise
+
+    with contextlib.ExitStack() as stack:
+        fleet = None if config.fleet else stack.enter_context(embedded_nats())
+        return supervise(argv, sock, config.workers, fleet)
 
 
 @contextlib.contextmanager
