@@ -79,8 +79,8 @@ async def test_the_owner_gone_mid_run_every_call_is_answered(
     cable = Cable(nats_server.port)  # the owner's connection, cut as kill -9 would
     async with (
         _cut_at_exit(cable),
-        serving(gateway_config(sim_url, fleet=cable.url)) as owner,
-        serving(gateway_config(sim_url, fleet=nats_server.url)) as forwarder,
+        serving(gateway_config(sim_url, fleet=cable.url, budget=1.0)) as owner,
+        serving(gateway_config(sim_url, fleet=nats_server.url, budget=1.0)) as forwarder,
     ):
         members = [member_of(owner), member_of(forwarder)]
         await until(lambda: all(m.connected for m in members), "joined")
