@@ -23,7 +23,8 @@ within budget; with the owner killed, at least 99% of live replicas' calls withi
 budget.
 
 Run: ``python benchmarks/bench_fleet.py [--calls 600] [--seed 1]``; about
-``calls / 16`` seconds of traffic per arm, plus process start-up.
+``calls / 16`` seconds of traffic per arm, plus process start-up. With
+``BENCH_FLEET_LOGS=DIR``, each replica's log is kept in ``DIR``.
 """
 
 from __future__ import annotations
@@ -228,7 +229,9 @@ def replica(sim_url: str, store: str, *flags: str) -> Iterator[Replica]:
         "--log-level", "warning", "--openai-upstream", f"{sim_url}/v1", *flags,
     ]  # fmt: skip
     env = {**os.environ, "COALESCE_STORE": os.path.join(store, "jobs.sqlite3")}
-    with tempfile.TemporaryFile() as log:
+    kept = os.environ.get("BENCH_FLEET_LOGS")  # a directory: each replica's log kept there
+    opened = tempfile.NamedTemporaryFile(dir=kept, prefix="replica-", suffix=".log", delete=not kept)
+    with opened as log:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, env=env)
         try:
             assert process.stdout is not None

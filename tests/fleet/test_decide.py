@@ -7,6 +7,7 @@ import pytest
 from coalesce._fleet.decide import (
     GRACE,
     HOP,
+    LATE_SHARE,
     LEASE_TTL,
     LeaseView,
     Route,
@@ -60,15 +61,16 @@ def test_an_owner_renews_at_a_third_of_the_ttl_and_lets_go_when_idle() -> None:
 
 
 def test_a_forwarded_call_carries_the_callers_own_remaining_budget() -> None:
-    assert forwarded_budget(None) is None
-    assert forwarded_budget(1.5) == pytest.approx(1.5 - HOP)
-    assert forwarded_budget(0.0) == 0.001  # late already: sent at once, never negative
+    assert forwarded_budget(None, 0.3) is None
+    assert forwarded_budget(2.0, 0.3) == pytest.approx(2.0 - 0.3 - HOP)
+    # Late already: still a budget a lone call can be answered in, never milliseconds.
+    assert forwarded_budget(2.0, 1.9) == 2.0 * LATE_SHARE
+    assert forwarded_budget(2.0, 5.0, hop=0.0) == 2.0 * LATE_SHARE
 
 
-def test_a_forwarder_waits_for_the_budget_and_a_grace_at_most_the_ceiling() -> None:
+def test_a_forwarder_waits_for_the_budget_it_sent_and_a_grace() -> None:
     assert forward_timeout(None, ceiling=600.0) == 600.0
     assert forward_timeout(1.5, ceiling=600.0) == pytest.approx(1.5 + GRACE)
-    assert forward_timeout(-1.0, ceiling=600.0) == GRACE
     assert forward_timeout(1000.0, ceiling=600.0) == 600.0
 
 

@@ -19,7 +19,9 @@ import hashlib
 from dataclasses import dataclass
 
 __all__ = [
+    "GRACE",
     "HOP",
+    "LATE_SHARE",
     "LEASE_TTL",
     "PING_INTERVAL",
     "PING_TIMEOUT",
@@ -52,6 +54,9 @@ RELEASE_AFTER = 30.0
 #: Seconds a forwarded call's budget is cut by for the hop to its owner and back
 #: (measured: request/reply p99 0.76 ms; the rest is room for a loaded event loop).
 HOP = 0.02
+#: The least share of its budget a forwarded or taken-back call is given (see
+#: :func:`forwarded_budget`).
+LATE_SHARE = 0.5
 #: Seconds past its budget a forwarder still waits for the owner's reply before it
 #: answers the call itself: the owner then still answers faster than a call begun anew.
 GRACE = 0.5
@@ -124,23 +129,27 @@ def idle(last_call: float, now: float, after: float = RELEASE_AFTER) -> bool:
     return now - last_call >= after
 
 
-def forwarded_budget(remaining: float | None, hop: float = HOP) -> float | None:
-    """The budget a forwarded call carries to its owner: the caller's remaining seconds
-    less the hop, so that the owner's planner sizes its window from the caller's own
-    deadline (``None``: the call has no budget). Never below a millisecond: a call
-    already late is sent at once."""
-    if remaining is None:
+def forwarded_budget(budget: float | None, elapsed: float, hop: float = HOP) -> float | None:
+    """The budget a forwarded (or taken-back) call carries: what is left of the caller's
+    ``budget`` after ``elapsed`` seconds, less the hop, so that the owner's planner sizes
+    its window from the caller's own deadline (``None``: the call has no budget).
+
+    Never less than :data:`LATE_SHARE` of the budget: the engine also bounds a call's
+    request by its budget, and a call with milliseconds left would fail where it can
+    still be answered, late."""
+    if budget is None:
         return None
-    return max(remaining - hop, 0.001)
+    return max(budget - elapsed - hop, budget * LATE_SHARE)
 
 
-def forward_timeout(remaining: float | None, ceiling: float, grace: float = GRACE) -> float:
-    """Seconds a forwarder waits for the owner's reply: the caller's remaining budget
-    and :data:`GRACE`, at most ``ceiling`` (the upstream timeout). An owner that dies is
-    noticed sooner (:func:`silent`); this bounds an owner that is alive but stuck."""
-    if remaining is None:
+def forward_timeout(sent: float | None, ceiling: float, grace: float = GRACE) -> float:
+    """Seconds a forwarder waits for the owner's reply to a call sent with the budget
+    ``sent`` (:func:`forwarded_budget`): that budget and :data:`GRACE`, at most
+    ``ceiling`` (the upstream timeout). An owner that dies is noticed sooner
+    (:func:`silent`); this bounds an owner that is alive but stuck."""
+    if sent is None:
         return ceiling
-    return min(max(remaining, 0.0) + grace, ceiling)
+    return min(sent + grace, ceiling)
 
 
 def silent(unanswered: int, *, no_responders: bool, after: int = SILENT_AFTER) -> bool:

@@ -186,14 +186,15 @@ class Member:
         else:
             owned.last_call = now
 
-    async def dispatch(self, call: Forwarded, deadline: float | None) -> Reply | None:
+    async def dispatch(self, call: Forwarded, budget: float | None, started: float) -> Reply | None:
         """Send ``call`` to its partition's owner: its reply, or ``None`` when this
         member answers it itself (it owns the partition, the fleet is unreachable, or
         the owner was gone or silent: the caller then answers with its own engine).
 
         Args:
-            call: The call (its ``remaining`` is set here from ``deadline``).
-            deadline: When its budget ends (``anyio.current_time()``), if it has one.
+            call: The call (its ``remaining`` is set here).
+            budget: Its budget in seconds, if it has one.
+            started: When it started (``anyio.current_time()``).
         """
         for _ in range(2):
             decision, view = await self.where(call.partition)
@@ -201,12 +202,10 @@ class Member:
                 self.counts["fallbacks"] += 1
             if decision is not Route.FORWARD or view is None:
                 return None
-            now = anyio.current_time()
-            remaining = None if deadline is None else deadline - now
-            sent = dataclasses.replace(call, remaining=decide.forwarded_budget(remaining))
-            outcome = await self.forward(
-                sent, view.holder, decide.forward_timeout(remaining, self.ceiling)
-            )
+            elapsed = anyio.current_time() - started
+            sent = dataclasses.replace(call, remaining=decide.forwarded_budget(budget, elapsed))
+            patience = decide.forward_timeout(sent.remaining, self.ceiling)
+            outcome = await self.forward(sent, view.holder, patience)
             if isinstance(outcome, Reply):
                 self.counts["forwarded"] += 1
                 return outcome
@@ -255,7 +254,10 @@ class Member:
                     except Exception:
                         outcome.append("unreachable")
                     else:
-                        reply = decode_reply(msg.data)
+                        try:
+                            reply = decode_reply(msg.data)
+                        except (ValueError, KeyError):  # not a member of this version
+                            reply = _TAKE_BACK
                         outcome.append("refused" if reply == _TAKE_BACK else reply)
                     group.cancel_scope.cancel()
 

@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from .._exceptions import ConfigurationError
-from .._fleet.decide import partition_key
+from .._fleet.decide import forwarded_budget, partition_key
 from .._fleet.wire import Forwarded, Reply
 from .callers import Unauthorized, read_caller
 from .controls import read_controls
@@ -87,12 +87,12 @@ async def answer(state: GatewayState, api: Api, request: Request) -> Response:
     if key is None or state.member is None:
         return await answer_here(state, api, _replayed(request, body))
     budget = _budget(state, headers)
-    deadline = None if budget is None else started + budget
     sent = tuple((n, v) for n, v in headers.items() if n not in _HOP and n != BUDGET_HEADER)
-    reply = await state.member.dispatch(Forwarded(api.name, sent, body, None, key), deadline)
-    if reply is None:
-        remaining = None if deadline is None else deadline - anyio.current_time()
-        return await answer_here(state, api, _replayed(request, body, remaining))
+    call = Forwarded(api.name, sent, body, None, key)
+    reply = await state.member.dispatch(call, budget, started)
+    if reply is None:  # answered here, with what is left of its budget
+        left = forwarded_budget(budget, anyio.current_time() - started, hop=0.0)
+        return await answer_here(state, api, _replayed(request, body, left))
     shown = {n: v for n, v in reply.headers if n.lower() != "content-length"}
     return Response(reply.body, reply.status, shown)
 
