@@ -4,6 +4,7 @@ exactly its own answer, and the fleet is one again after."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -74,8 +75,9 @@ async def _cut_at_exit(cable: Cable) -> AsyncIterator[None]:
 
 
 async def test_the_owner_gone_mid_run_every_call_is_answered(
-    sim_url: str, nats_server: NatsServer
+    sim_url: str, nats_server: NatsServer, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="coalesce.fleet")
     cable = Cable(nats_server.port)  # the owner's connection, cut as kill -9 would
     async with (
         _cut_at_exit(cable),
@@ -98,3 +100,26 @@ async def test_the_owner_gone_mid_run_every_call_is_answered(
         stats = members[1].statistics()
         # The calls in flight on the owner came back, and the lease with them.
         assert (stats.takeovers, stats.owned, stats.fallbacks) == (1, 1, 0)
+        changes = [r.fleet for r in caplog.records if hasattr(r, "fleet")]
+        assert changes[0]["change"] == "acquired"  # the owner's, then the forwarder's:
+        took = {k: v for k, v in changes[-1].items() if k != "partition"}
+        assert took == {"change": "took_over", "member": members[1].me, "previous": members[0].me}
+
+
+async def test_the_owner_stopped_its_partition_moves_at_once(
+    sim_url: str, nats_server: NatsServer
+) -> None:
+    async with serving(gateway_config(sim_url, fleet=nats_server.url, budget=1.0)) as stays:
+        member = member_of(stays)
+        async with serving(gateway_config(sim_url, fleet=nats_server.url, budget=1.0)) as leaves:
+            await until(lambda: member.connected and member_of(leaves).connected, "joined")
+            first, second = tickets(2, "First")  # one call each: the first one claims
+            assert await _wave([leaves.openai_url], [first]) == [expected_ticket(first)]
+            assert await _wave([stays.openai_url], [second]) == [expected_ticket(second)]
+            assert member.statistics().forwarded == 1
+        # It answered what it held, let its lease go and left: the next call finds no
+        # one at the old owner's subject, and this member owns the partition.
+        asked = tickets(CALLS // 2, "After")
+        assert await _wave([stays.openai_url], asked) == [expected_ticket(t) for t in asked]
+        stats = member.statistics()
+        assert (stats.owned, stats.forwarded, stats.fallbacks) == (1, 1, 0)
