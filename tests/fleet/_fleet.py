@@ -41,9 +41,7 @@ async def until_async(condition: Callable[[], Awaitable[bool]], what: str) -> No
 async def fleet(
     sim_url: str, nats_url: str, size: int = 2, **options: Any
 ) -> AsyncIterator[list[Running]]:
-    """``size`` gateways in one fleet, each connected to NATS and its lease bucket (a 1 s
-    budget: the simulator runs at a quarter of its latency here)."""
-    options.setdefault("budget", 1.0)
+    """``size`` gateways in one fleet, each connected to NATS and its lease bucket."""
     async with AsyncExitStack() as stack:
         members = [
             await stack.enter_async_context(

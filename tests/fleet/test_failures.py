@@ -81,8 +81,8 @@ async def test_the_owner_gone_mid_run_every_call_is_answered(
     cable = Cable(nats_server.port)  # the owner's connection, cut as kill -9 would
     async with (
         _cut_at_exit(cable),
-        serving(gateway_config(sim_url, fleet=cable.url, budget=1.0)) as owner,
-        serving(gateway_config(sim_url, fleet=nats_server.url, budget=1.0)) as forwarder,
+        serving(gateway_config(sim_url, fleet=cable.url)) as owner,
+        serving(gateway_config(sim_url, fleet=nats_server.url)) as forwarder,
     ):
         members = [member_of(owner), member_of(forwarder)]
         await until(lambda: all(m.connected for m in members), "joined")
@@ -109,9 +109,9 @@ async def test_the_owner_gone_mid_run_every_call_is_answered(
 async def test_the_owner_stopped_its_partition_moves_at_once(
     sim_url: str, nats_server: NatsServer
 ) -> None:
-    async with serving(gateway_config(sim_url, fleet=nats_server.url, budget=1.0)) as stays:
+    async with serving(gateway_config(sim_url, fleet=nats_server.url)) as stays:
         member = member_of(stays)
-        async with serving(gateway_config(sim_url, fleet=nats_server.url, budget=1.0)) as leaves:
+        async with serving(gateway_config(sim_url, fleet=nats_server.url)) as leaves:
             await until(lambda: member.connected and member_of(leaves).connected, "joined")
             first, second = tickets(2, "First")  # one call each: the first one claims
             assert await _wave([leaves.openai_url], [first]) == [expected_ticket(first)]

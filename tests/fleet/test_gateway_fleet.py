@@ -37,7 +37,7 @@ async def test_calls_to_two_gateways_coalesce_as_one(
         stats = [member_of(g).statistics() for g in gateways]
         owners = [s for s in stats if s.owned]
         assert len(owners) == 1
-        assert sum(s.forwarded for s in stats) == CALLS // 2
+        assert sum(s.forwarded for s in stats) == CALLS // 2, stats
         assert sum(s.served for s in stats) == CALLS // 2
         assert sum(s.fallbacks for s in stats) == 0
         assert sum(r.items for r in sim.requests) == CALLS

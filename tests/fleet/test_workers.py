@@ -22,7 +22,7 @@ async def test_two_workers_coalesce_as_one(sim: SimulatedProvider, sim_url: str)
     source = os.path.dirname(os.path.dirname(coalesce.__file__))
     command = [
         sys.executable, "-m", "coalesce", "serve", "--port", "0", "--workers", "2",
-        "--budget", "1", "--max-items", "20", "--log-level", "warning",
+        "--budget", "2", "--max-items", "20", "--log-level", "warning",
         "--openai-upstream", f"{sim_url}/v1", "--anthropic-upstream", sim_url,
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": source}

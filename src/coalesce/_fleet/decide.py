@@ -45,10 +45,12 @@ LEASE_TTL = 2.0
 #: Seconds between two pings of a holder that has calls of this member in flight.
 PING_INTERVAL = 0.05
 #: Seconds a ping may take before it counts as unanswered (NATS request/reply on one
-#: machine: p99 under a millisecond; a loaded owner's event loop: tens of ms).
-PING_TIMEOUT = 0.25
-#: Unanswered pings in a row after which a holder is silent.
-SILENT_AFTER = 2
+#: machine: p99 under a millisecond; a busy owner's event loop on a loaded machine:
+#: hundreds of ms, which must not pass for silence).
+PING_TIMEOUT = 1.0
+#: Unanswered pings in a row after which a holder is silent. A dead owner is found
+#: sooner: NATS answers "no responders" to the first ping after its connection closed.
+SILENT_AFTER = 3
 #: Seconds without a call after which an owner lets its lease go.
 RELEASE_AFTER = 30.0
 #: Seconds a forwarded call's budget is cut by for the hop to its owner and back
