@@ -131,6 +131,7 @@ class Member:
         self._calls: Any = None
         self._idle: anyio.Event | None = None
         self._leaving = False
+        self._reading: dict[str, anyio.Event] = {}
         self.joined = anyio.Event()
 
     def __repr__(self) -> str:
@@ -151,7 +152,21 @@ class Member:
     # -- routing ---------------------------------------------------------------------
 
     async def where(self, key: str) -> tuple[Route, LeaseView | None]:
-        """Where a call of partition ``key`` goes now, and the lease that says so."""
+        """Where a call of partition ``key`` goes now, and the lease that says so. While
+        one call reads or claims a lease, the other calls of its partition wait for what
+        it finds (a burst of a new partition's calls is one read, not one each)."""
+        reading = self._reading.get(key)
+        if reading is not None:
+            await reading.wait()
+        else:
+            self._reading[key] = anyio.Event()
+        try:
+            return await self._where(key)
+        finally:
+            if reading is None:
+                self._reading.pop(key).set()
+
+    async def _where(self, key: str) -> tuple[Route, LeaseView | None]:
         now = anyio.current_time()
         view = self.views.get(key)
         if view is not None and view.holder != self.me and decide.stale(view, now):
@@ -216,19 +231,32 @@ class Member:
 
     async def _take_over(self, key: str, view: LeaseView) -> bool:
         """After the holder in ``view`` was found gone: whether to route the call again
-        (this member took the lease, or another did first and holds it now)."""
-        self.views.pop(key, None)
-        if self.leases is None:
-            return False
+        (this member took the lease, or another member holds it now). The revision this
+        member knew may be older than the holder's last renewal: read again, and take
+        the lease only from the holder found gone (a compare-and-set: one member wins)."""
+        gone = view.holder
         try:
-            taken = await self.leases.take_over(view, key, anyio.current_time())
+            for _ in range(3):
+                now = anyio.current_time()
+                taken = await self._leases().take_over(view, key, now)
+                if taken is not None:
+                    self.views[key] = taken
+                    self._own(key, taken, now)
+                    self.counts["takeovers"] += 1
+                    self._changed("took_over", key, previous=gone)
+                    return True
+                found = await self._leases().read(key, now)
+                if found is None or found.holder != gone:
+                    return True  # free (claimed on the next route) or taken by another
+                view = found
         except LeaseUnavailable:
             return False
-        if taken is not None:
-            self.views[key] = taken
-            self.counts["takeovers"] += 1
-            self._changed("took_over", key, previous=view.holder)
-        return True
+        return False
+
+    def _leases(self) -> Leases:
+        if self.leases is None:
+            raise LeaseUnavailable("not connected to the fleet")
+        return self.leases
 
     async def forward(self, call: Forwarded, holder: str, patience: float) -> Reply | str:
         """Ask ``holder`` to answer ``call``: its reply, or why not (``"gone"``: its

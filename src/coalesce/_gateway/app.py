@@ -123,18 +123,20 @@ def create_app(config: GatewayConfig, state: GatewayState | None = None) -> Star
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await anyio.to_thread.run_sync(warm_up)
         gateway.upstreams = Upstreams.open(config, gateway.metrics)
-        async with anyio.create_task_group() as tasks:
-            member = await _join(tasks, gateway)
-            try:
-                yield
-            finally:
-                gateway.draining = True
-                if member is not None:
-                    await member.stop_serving(config.graceful_timeout)
+        try:
+            async with anyio.create_task_group() as tasks:
+                member = await _join(tasks, gateway)
+                try:
+                    yield
+                finally:
+                    gateway.draining = True
+                    if member is not None:  # it answers what it holds, then leaves
+                        await member.stop_serving(config.graceful_timeout)
+                        gateway.member = None
                     tasks.cancel_scope.cancel()
-                    gateway.member = None
-                await gateway.upstreams.aclose()
-                gateway.upstreams = None
+        finally:
+            await gateway.upstreams.aclose()
+            gateway.upstreams = None
 
     app = Starlette(routes=_routes(gateway), lifespan=lifespan)
     app.state.gateway = gateway
