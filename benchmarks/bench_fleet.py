@@ -13,6 +13,8 @@ gateway on an empty store of its own:
 * the same, with the replica that owns the partition killed (``kill -9``) halfway
   through: the calls sent to it after that fail at connect (a load balancer would stop
   sending there), and every call sent to a live replica must be answered right;
+* one ``coalesce serve --workers 4`` (four processes on one port, over the NATS server
+  they start for themselves): every call to it;
 * plain calls to the simulator (the baseline of every ratio).
 
 It prints prompt tokens against plain calls and against one gateway, upstream
@@ -20,7 +22,7 @@ requests, p50/p95 latency, the share of calls within the budget (of the calls se
 a live replica) and errors (an exception, or an answer other than the simulator's).
 Targets: three replicas at most 1.10x one gateway's prompt tokens and at least 99%
 within budget; with the owner killed, at least 99% of live replicas' calls within
-budget.
+budget; four workers at most 1.10x one process's prompt tokens.
 
 Run: ``python benchmarks/bench_fleet.py [--calls 600] [--seed 1]``; about
 ``calls / 16`` seconds of traffic per arm, plus process start-up. With
@@ -59,10 +61,12 @@ BUDGET = 2.0
 PROCESSES = 8
 RATE = 2.0
 REPLICAS = 3
+WORKERS = 4
 ARMS = (
     "one gateway",
     f"{REPLICAS} --fleet replicas, round-robin",
     f"{REPLICAS} --fleet replicas, the owner killed -9 halfway",
+    f"one gateway, --workers {WORKERS}",
     "plain calls",
 )
 #: The table of issue 39 as filed (the build before this one), printed beside this run's.
@@ -278,9 +282,10 @@ def arm(name: str, sim_url: str, nats_url: str, calls: int, seed: int) -> list[O
     if name == ARMS[-1]:
         return run_clients(split((f"{sim_url}/v1",), calls, seed))
     with contextlib.ExitStack() as stack:
-        if name == ARMS[0]:
+        if name in (ARMS[0], ARMS[3]):
             store = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-fleet-"))
-            served = [stack.enter_context(replica(sim_url, store))]
+            flags = ("--workers", str(WORKERS)) if name == ARMS[3] else ()
+            served = [stack.enter_context(replica(sim_url, store, *flags))]
         else:
             served = []
             for _ in range(REPLICAS):
@@ -345,6 +350,11 @@ def print_table(runs: dict[str, dict[str, Any]], calls: int) -> None:
     print(
         f"Target, {ARMS[2]}, every live replica's call right and >= 99% within budget:"
         f" {_holds(wrong == 0 and killed['within'] >= 0.99)}"
+    )
+    workers = _per_call(runs[ARMS[3]]) / one
+    print(
+        f"Target, {ARMS[3]}, coalesces as one process does (<= 1.10x): {_holds(workers <= 1.10)}"
+        f" ({workers:.2f}x)"
     )
     print(f"\n{FILED}")
 
