@@ -10,7 +10,7 @@ One call's way through :meth:`Member.dispatch`:
    own engine (coalesced with this member's other calls);
 3. else the call goes to the holder (:meth:`Member.forward`), by NATS request/reply on
    the holder's own subject, with its remaining budget; while it is in flight the
-   holder is pinged (:meth:`Member.watchdog`), and a holder whose connection is gone
+   holder is pinged (:mod:`.forwarding`), and a holder whose connection is gone
    (NATS answers "no responders" at once) or that stops answering is taken over at
    once (a compare-and-set on the lease): the call is answered here, or through the
    member that won the lease, within its budget. The caller gets one reply: the
@@ -27,7 +27,7 @@ import logging
 import os
 import socket
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import anyio
@@ -36,14 +36,13 @@ import anyio.abc
 from . import decide
 from .connection import FleetSettings, connect_options, shown_url
 from .decide import LeaseView, Route
+from .forwarding import TAKE_BACK, Forwarding
 from .leases import Leases, LeaseUnavailable
 from .wire import (
     Forwarded,
     Reply,
     call_subject,
     decode_call,
-    decode_reply,
-    encode_call,
     encode_reply,
     member_token,
     ping_subject,
@@ -56,8 +55,6 @@ logger = logging.getLogger("coalesce.fleet")
 #: Answers a forwarded call on its owner (the gateway's coalesced path); ``None``: it
 #: cannot (it is stopping), and the forwarder answers the call itself.
 Handler = Callable[[Forwarded], Awaitable["Reply | None"]]
-#: A reply that says "not answered: take the call back" (the owner's handler failed).
-_TAKE_BACK = Reply(0, (), b"")
 _ids = itertools.count()
 
 
@@ -92,15 +89,6 @@ class _Owned:
     last_call: float
 
 
-@dataclass
-class _Watch:
-    """A holder with calls of this member in flight, pinged while it has any."""
-
-    inflight: int = 0
-    unanswered: int = 0
-    lost: anyio.Event = field(default_factory=anyio.Event)
-
-
 def _default_name() -> str:
     return member_token(f"{socket.gethostname()}-{os.getpid()}-{next(_ids)}")
 
@@ -121,7 +109,7 @@ class Member:
         self.leases: Leases | None = None
         self.views: dict[str, LeaseView] = {}
         self.owned: dict[str, _Owned] = {}
-        self.watches: dict[str, _Watch] = {}
+        self.forwarding = Forwarding(self._forget)
         self.counts = dict.fromkeys(
             ("forwarded", "served", "fallbacks", "lease_changes", "takeovers"), 0
         )
@@ -220,7 +208,7 @@ class Member:
             elapsed = anyio.current_time() - started
             sent = dataclasses.replace(call, remaining=decide.forwarded_budget(budget, elapsed))
             patience = decide.forward_timeout(sent.remaining, self.ceiling)
-            outcome = await self.forward(sent, view.holder, patience)
+            outcome = await self.forwarding.send(sent, view.holder, patience)
             if isinstance(outcome, Reply):
                 self.counts["forwarded"] += 1
                 return outcome
@@ -258,55 +246,7 @@ class Member:
             raise LeaseUnavailable("not connected to the fleet")
         return self.leases
 
-    async def forward(self, call: Forwarded, holder: str, patience: float) -> Reply | str:
-        """Ask ``holder`` to answer ``call``: its reply, or why not (``"gone"``: its
-        connection closed or it stopped answering pings; ``"silent"``: no reply in
-        ``patience`` seconds; ``"unreachable"``: NATS failed; ``"refused"``: it could not)."""
-        import nats.errors
-
-        watch = self.watches.setdefault(holder, _Watch())
-        watch.inflight += 1
-        outcome: list[Reply | str] = []
-        try:
-            async with anyio.create_task_group() as group:
-
-                async def ask() -> None:
-                    try:
-                        msg = await self.nc.request(
-                            call_subject(holder), encode_call(call), patience
-                        )
-                    except nats.errors.NoRespondersError:
-                        outcome.append("gone")
-                    except nats.errors.TimeoutError:
-                        outcome.append("silent")
-                    except Exception:
-                        outcome.append("unreachable")
-                    else:
-                        try:
-                            reply = decode_reply(msg.data)
-                        except (ValueError, KeyError):  # not a member of this version
-                            reply = _TAKE_BACK
-                        outcome.append("refused" if reply == _TAKE_BACK else reply)
-                    group.cancel_scope.cancel()
-
-                async def lost() -> None:
-                    await watch.lost.wait()
-                    outcome.append("gone")
-                    group.cancel_scope.cancel()
-
-                group.start_soon(ask)
-                group.start_soon(lost)
-        finally:
-            watch.inflight -= 1
-        if outcome[0] == "gone":
-            self._gone(holder)
-        return outcome[0]
-
-    def _gone(self, holder: str) -> None:
-        """``holder`` is gone: its calls in flight come back, its leases are forgotten."""
-        watch = self.watches.pop(holder, None)
-        if watch is not None:
-            watch.lost.set()
+    def _forget(self, holder: str) -> None:
         for key in [k for k, v in self.views.items() if v.holder == holder]:
             del self.views[key]
 
@@ -323,10 +263,10 @@ class Member:
             owned.last_call = anyio.current_time()
         self.serving += 1
         try:
-            reply = await self.handler(call) or _TAKE_BACK
+            reply = await self.handler(call) or TAKE_BACK
         except Exception:
             logger.exception("fleet: a forwarded call could not be answered here")
-            reply = _TAKE_BACK
+            reply = TAKE_BACK
         finally:
             self.serving -= 1
             if not self.serving and self._idle is not None:
@@ -347,36 +287,6 @@ class Member:
         await msg.respond(b"")
 
     # -- background ------------------------------------------------------------------
-
-    async def watchdog(self) -> None:
-        """Ping, every :data:`~.decide.PING_INTERVAL`, each holder with calls of this
-        member in flight; a holder gone or silent (:func:`~.decide.silent`) gives them
-        back at once."""
-        while True:
-            await anyio.sleep(decide.PING_INTERVAL)
-            if not self.connected:
-                continue
-            assert self._tasks is not None
-            for holder, watch in list(self.watches.items()):
-                if watch.inflight:
-                    self._tasks.start_soon(self._ping, holder, watch)
-
-    async def _ping(self, holder: str, watch: _Watch) -> None:
-        import nats.errors
-
-        gone = False
-        try:
-            await self.nc.request(ping_subject(holder), b"", timeout=decide.PING_TIMEOUT)
-            watch.unanswered = 0
-        except nats.errors.NoRespondersError:
-            gone = True
-        except Exception:
-            watch.unanswered += 1
-        if (
-            decide.silent(watch.unanswered, no_responders=gone)
-            and self.watches.get(holder) is watch
-        ):
-            self._gone(holder)
 
     async def keep_leases(self) -> None:
         """Renew each owned lease at a third of its TTL; let go of idle ones."""
@@ -421,8 +331,7 @@ class Member:
         if self._leaving:
             return
         logger.warning("fleet: NATS unreachable; %s coalesces locally until it is back", self.me)
-        for holder in list(self.watches):
-            self._gone(holder)
+        self.forwarding.all_gone()
 
     async def _reconnected(self) -> None:
         self.views.clear()
@@ -460,6 +369,7 @@ class Member:
                     shown_url(self.settings.url), type(exc).__name__,
                 )  # fmt: skip
                 await anyio.sleep(1.0)
+        self.forwarding.nc = self.nc
         self._calls = await self.nc.subscribe(call_subject(self.me), cb=self._on_call)
         await self.nc.subscribe(ping_subject(self.me), cb=self._on_ping)
         await self._open_leases()
@@ -474,7 +384,7 @@ class Member:
             task_status.started()
             try:
                 await self._connect()
-                tasks.start_soon(self.watchdog)
+                tasks.start_soon(self.forwarding.watch, tasks, lambda: self.connected)
                 await self.keep_leases()
             finally:
                 with anyio.CancelScope(shield=True):

@@ -21,7 +21,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .config import GatewayConfig, load_config
@@ -52,8 +52,11 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run(config: GatewayConfig, sock: socket.socket) -> None:
-    """Serve the gateway of ``config`` on ``sock`` until told to stop (see the module doc)."""
+def run(
+    config: GatewayConfig, sock: socket.socket, started: Callable[[], None] | None = None
+) -> None:
+    """Serve the gateway of ``config`` on ``sock`` until told to stop (see the module doc);
+    ``started()``, if given, is called once it takes calls."""
     import uvicorn
 
     from .app import create_app
@@ -62,6 +65,11 @@ def run(config: GatewayConfig, sock: socket.socket) -> None:
     state = GatewayState(config)
 
     class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started and started is not None:
+                started()
+
         def handle_exit(self, sig: int, frame: Any) -> None:
             state.draining = True  # /readyz says so while the calls in flight finish
             super().handle_exit(sig, frame)
@@ -95,12 +103,12 @@ def main(argv: Sequence[str]) -> int:
         )
         return 2
     from .logs import configure, logger
-    from .workers import FD_VARIABLE
+    from .workers import FD_VARIABLE, READY
 
     configure(config.log_level)
     inherited = os.environ.get(FD_VARIABLE)
     if inherited:  # a worker of --workers: the parent's socket, already listening
-        run(config, socket.socket(fileno=int(inherited)))
+        run(config, socket.socket(fileno=int(inherited)), lambda: print(READY, flush=True))
         return 0
     try:
         sock = bind(config.host, config.port)
@@ -111,11 +119,15 @@ def main(argv: Sequence[str]) -> int:
         return 2
     host, port = sock.getsockname()[:2]
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-    print(f"coalesce gateway listening on {url}", flush=True)
-    print(f"  OpenAI base_url: {url}/v1   Anthropic base_url: {url}", flush=True)
+
+    def listening() -> None:
+        print(f"coalesce gateway listening on {url}", flush=True)
+        print(f"  OpenAI base_url: {url}/v1   Anthropic base_url: {url}", flush=True)
+
     logger.info("coalesce gateway starting: %s", config.describe())
-    if config.workers > 1:
-        return _workers(args, config, sock)
+    if config.workers > 1:  # the address is printed once every worker takes calls
+        return _workers(args, config, sock, listening)
+    listening()
     run(config, sock)
     return 0
 
@@ -136,13 +148,15 @@ def missing_extra(module: str) -> str:
     return ",fleet" if module == "nats" else ""
 
 
-def _workers(argv: Sequence[str], config: GatewayConfig, sock: socket.socket) -> int:
+def _workers(
+    argv: Sequence[str], config: GatewayConfig, sock: socket.socket, ready: Callable[[], None]
+) -> int:
     """``--workers N``: N processes on ``sock``, one fleet (``workers.py``)."""
     from .workers import embedded_nats, supervise
 
     with contextlib.ExitStack() as stack:
         fleet = None if config.fleet else stack.enter_context(embedded_nats())
-        return supervise(argv, sock, config.workers, fleet)
+        return supervise(argv, sock, config.workers, fleet, ready)
 
 
 @contextlib.contextmanager

@@ -23,14 +23,16 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from .._exceptions import ConfigurationError
 
-__all__ = ["FD_VARIABLE", "embedded_nats", "supervise"]
+__all__ = ["FD_VARIABLE", "READY", "embedded_nats", "supervise"]
 
 #: The environment variable that hands a child its listening socket's descriptor.
 FD_VARIABLE = "COALESCE_SERVE_FD"
+#: The line a worker prints once it takes calls (its fleet joined).
+READY = "coalesce worker ready"
 
 
 def _free_port() -> int:
@@ -82,14 +84,40 @@ def _child(argv: Sequence[str], sock: socket.socket, fleet: str | None) -> subpr
     return subprocess.Popen(
         [sys.executable, "-m", "coalesce", "serve", *argv, *extra],
         pass_fds=(sock.fileno(),),
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
         env=env,
     )
 
 
-def supervise(argv: Sequence[str], sock: socket.socket, workers: int, fleet: str | None) -> int:
+def _started(child: subprocess.Popen[bytes]) -> None:
+    """Wait until ``child`` says it takes calls (or has died)."""
+    assert child.stdout is not None
+    for line in child.stdout:
+        if line.decode(errors="replace").strip() == READY:
+            return
+
+
+def _stop_all(children: Sequence[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to every child (each finishes its calls in flight), then wait for all."""
+    for child in children:
+        if child.poll() is None:
+            child.terminate()
+    for child in children:
+        child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
+
+
+def supervise(
+    argv: Sequence[str],
+    sock: socket.socket,
+    workers: int,
+    fleet: str | None,
+    ready: Callable[[], None] = lambda: None,
+) -> int:
     """Run ``workers`` children on ``sock`` until SIGTERM or Ctrl-C (see the module doc);
-    ``fleet``: the embedded server's URL, ``None`` when the flags name one."""
+    ``fleet``: the embedded server's URL, ``None`` when the flags name one; ``ready()``
+    once every child takes calls (the address is printed then)."""
     stopping = threading.Event()
 
     def stop(signum: int, frame: object) -> None:
@@ -98,16 +126,15 @@ def supervise(argv: Sequence[str], sock: socket.socket, workers: int, fleet: str
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     children = [_child(argv, sock, fleet) for _ in range(workers)]
     try:
+        for child in children:
+            _started(child)
+        ready()
         while not stopping.wait(0.5):
             for index, child in enumerate(children):
                 if child.poll() is not None:  # died: its calls were taken back; replace it
                     children[index] = _child(argv, sock, fleet)
     finally:
-        for child in children:
-            if child.poll() is None:
-                child.terminate()
-        for child in children:
-            child.wait()
+        _stop_all(children)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0
