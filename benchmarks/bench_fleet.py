@@ -271,11 +271,28 @@ def _joined(replicas: Sequence[Replica]) -> None:
     raise RuntimeError("the replicas did not join the fleet")
 
 
+#: When the owner was killed (wall clock), for the late calls' report.
+KILLED_AT: list[float] = []
+
+
 def _kill_owner(replicas: Sequence[Replica]) -> None:
     owners = [r for r in replicas if _fleet_state(r).get("owned")]
     victim = owners[0] if owners else replicas[0]
     victim.process.send_signal(signal.SIGKILL)
+    KILLED_AT.append(time.time())
     print(f"  killed {victim.url} (owner: {bool(owners)})", file=sys.stderr, flush=True)
+
+
+def late_calls(outcomes: Sequence[Outcome]) -> str:
+    """When the late calls of the killed arm started, from the kill (seconds)."""
+    if not KILLED_AT:
+        return ""
+    late = sorted(
+        round(o.ended - o.seconds - KILLED_AT[0], 2)
+        for o in _live(outcomes)
+        if o.error is not None or o.seconds > BUDGET
+    )
+    return f"late or failed calls of the killed arm, started at (s from the kill): {late}"
 
 
 def arm(name: str, sim_url: str, nats_url: str, calls: int, seed: int) -> list[Outcome]:
@@ -356,6 +373,7 @@ def print_table(runs: dict[str, dict[str, Any]], calls: int) -> None:
         f"Target, {ARMS[3]}, coalesces as one process does (<= 1.10x): {_holds(workers <= 1.10)}"
         f" ({workers:.2f}x)"
     )
+    print(late_calls(killed["outcomes"]))
     print(f"\n{FILED}")
 
 
@@ -367,11 +385,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=600)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--skip", action="append", default=[], choices=("fleet", "workers"),
+        help="leave out the round-robin fleet arm or the workers arm (their rows show 0)",
+    )  # fmt: skip
     args = parser.parse_args()
     warnings.simplefilter("ignore", coalesce.CoalesceWarning)
     runs: dict[str, dict[str, Any]] = {}
     with simulator() as sim_url, nats_server() as nats_url, mock.patch.dict(os.environ, {}):
         for name in ARMS:
+            if (name == ARMS[1] and "fleet" in args.skip) or (
+                name == ARMS[3] and "workers" in args.skip
+            ):
+                runs[name] = {
+                    "outcomes": [Outcome(0, 0.0, None, 0.0)],
+                    "prompt_tokens": 0,
+                    "requests": 0,
+                }
+                continue
             reset(sim_url)
             print(f"  {name} ...", file=sys.stderr, flush=True)
             outcomes = arm(name, sim_url, nats_url, args.calls, args.seed)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .config import GatewayConfig, load_config
+from .workers import FD_VARIABLE
 
 __all__ = ["bind", "main", "run"]
 
@@ -103,7 +104,7 @@ def main(argv: Sequence[str]) -> int:
         )
         return 2
     from .logs import configure, logger
-    from .workers import FD_VARIABLE, READY
+    from .workers import READY
 
     configure(config.log_level)
     inherited = os.environ.get(FD_VARIABLE)
@@ -137,10 +138,19 @@ _NEEDED = ("aiohttp", "anthropic", "openai", "prometheus_client", "starlette", "
 
 
 def _missing(config: GatewayConfig) -> str | None:
-    """The first module the gateway of ``config`` needs that is not installed. Found,
-    not imported: a parent of ``--workers`` never imports what only its workers run."""
+    """The first module the gateway of ``config`` needs that is not installed. A gateway
+    imports them here, before it says it listens (seconds of imports its first calls
+    would otherwise wait for); a parent of ``--workers`` only finds them, never
+    importing what only its workers run."""
     needed = _NEEDED + (("nats",) if config.fleet or config.workers > 1 else ())
-    return next((name for name in needed if importlib.util.find_spec(name) is None), None)
+    if config.workers > 1 and FD_VARIABLE not in os.environ:
+        return next((name for name in needed if importlib.util.find_spec(name) is None), None)
+    for name in needed:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            return name
+    return None
 
 
 def missing_extra(module: str) -> str:
