@@ -141,6 +141,9 @@ LAYERS: list[tuple[str, ...]] = [
         "coalesce._paths",
     ),
     ("coalesce._batching",),
+    # The fleet: where a call is coalesced (its partition's owner, over NATS); it knows
+    # nothing of LLMs, and the surfaces above hand it their calls.
+    ("coalesce._fleet",),
     ("coalesce._wire", "coalesce.providers"),
     ("coalesce._planning",),
     ("coalesce._calls",),
@@ -197,7 +200,7 @@ def test_no_layer_imports_a_higher_one() -> None:
 
 def test_the_layer_check_finds_an_upward_import() -> None:
     assert _layer("coalesce._batching.batcher") == 1
-    assert _layer("coalesce._engine.engine") == 7
+    assert _layer("coalesce._engine.engine") == 8
     assert _layer("coalesce._engine.engine") > _layer("coalesce._planning.state")  # type: ignore[operator]
     assert _layer("coalesce.testing._provider") is None
 

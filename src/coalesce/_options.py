@@ -292,6 +292,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("graceful_timeout", 30.0, "serve", "seconds a stopping gateway waits for calls in"
            " flight", check_seconds, kind=float),
     Option("log_level", "info", "serve", "how much", _choice("debug", "info", "warning", "error")),
+    # the fleet (docs/fleet.md)
+    Option("fleet", None, "serve", "a NATS URL: the gateways given the same one coalesce as"
+           " one (docs/fleet.md)"),
+    Option("fleet_creds", None, "serve", "a NATS credentials file the fleet connects with",
+           kind=Path),
+    Option("fleet_tls_ca", None, "serve", "a CA bundle the fleet's NATS server is verified"
+           " with (TLS)", kind=Path),
+    Option("workers", 1, "serve", "processes that take calls and coalesce as one, over the"
+           " fleet (an embedded NATS server when no fleet is given)", check_int, kind=int),
     # the batcher's own
     Option("max_pending", None, "batch", "most items accepted but not yet dispatched", check_int),
     Option("size", None, "batch", "size(item) -> weight, with max_size", _callable),

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .._exceptions import ConfigurationError
+from .._fleet.connection import FleetSettings, check_url, shown_url
 from .._options import NOT_GIVEN, NotGiven, on, wait_for_company
 
 __all__ = ["DEFAULTS", "ENV_PREFIX", "GatewayConfig", "build_parser", "load_config"]
@@ -63,6 +64,10 @@ class GatewayConfig:
     anthropic_api_key: str | None = field(default=None, repr=False)
     graceful_timeout: float = DEFAULTS["graceful_timeout"]
     log_level: str = DEFAULTS["log_level"]
+    fleet: str | None = field(default=DEFAULTS["fleet"], repr=False)  # may hold a password
+    fleet_creds: Path | None = DEFAULTS["fleet_creds"]
+    fleet_tls_ca: Path | None = DEFAULTS["fleet_tls_ca"]
+    workers: int = DEFAULTS["workers"]
 
     def __post_init__(self) -> None:
         _check(self)
@@ -71,6 +76,13 @@ class GatewayConfig:
     def holds_keys(self) -> bool:
         """``--api-key`` mode: the gateway checks client keys and holds the upstream ones."""
         return bool(self.api_keys)
+
+    @property
+    def fleet_settings(self) -> FleetSettings | None:
+        """Where this gateway joins its fleet (``None``: it coalesces alone)."""
+        if self.fleet is None:
+            return None
+        return FleetSettings(self.fleet, self.fleet_creds, self.fleet_tls_ca)
 
     @property
     def lanes(self) -> dict[str, Any]:
@@ -86,6 +98,7 @@ class GatewayConfig:
         shown["max_wait"] = wait_for_company(self.max_wait, self.budget)  # what it is
         shown["max_items"] = "learned" if self.max_items is NOT_GIVEN else self.max_items
         shown["api_key_mode"] = self.holds_keys
+        shown["fleet"] = None if self.fleet is None else shown_url(self.fleet)
         return " ".join(f"{name}={value}" for name, value in shown.items())
 
 
@@ -103,6 +116,8 @@ def _check(config: GatewayConfig) -> None:
             raise ConfigurationError(f"{name} must be an http:// or https:// URL, got {url!r}")
     if any(not key.strip() for key in config.api_keys):
         raise ConfigurationError("api_keys: a client key is empty; give non-empty keys")
+    if config.fleet is not None:
+        check_url(config.fleet)
     if config.holds_keys and not (config.openai_api_key or config.anthropic_api_key):
         raise ConfigurationError(
             "--api-key mode sends upstream with the gateway's own keys: set OPENAI_API_KEY"

@@ -25,7 +25,9 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from .._fleet import FleetStatistics
 from .._observe.events import Event, RequestEvent
 from .logs import label, log_upstream
 
@@ -181,6 +183,10 @@ class GatewayMetrics:
             self._of(self.budget, api, model, lane, within).inc()
             self._of(self.budget_used, lane).observe(seconds / budget)
 
+    def watch_fleet(self, statistics: Callable[[], FleetStatistics]) -> None:
+        """Show a fleet member's counters (read at each scrape from ``statistics``)."""
+        self.registry.register(_FleetCollector(statistics))
+
     def render(self) -> bytes:
         """The metrics in Prometheus' text format."""
         return generate_latest(self.registry)
@@ -193,3 +199,35 @@ def _error_name(error: BaseException) -> str:
 
 def _round(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds, 4)
+
+
+#: The fleet's metrics: (name, help, kind) per :class:`FleetStatistics` field.
+_FLEET = (
+    ("forwarded", "coalesce_fleet_calls_forwarded", "Calls sent to their partition's owner and answered there.", "counter"),
+    ("served", "coalesce_fleet_calls_served", "Calls other members forwarded here.", "counter"),
+    ("fallbacks", "coalesce_fleet_fallbacks", "Calls answered here for want of the fleet (NATS down, owner silent).", "counter"),
+    ("lease_changes", "coalesce_fleet_lease_changes", "Leases acquired, taken over, lost or let go here.", "counter"),
+    ("takeovers", "coalesce_fleet_takeovers", "Leases taken from an owner found gone.", "counter"),
+    ("owned", "coalesce_fleet_owned_partitions", "Partitions whose lease this member holds.", "gauge"),
+    ("connected", "coalesce_fleet_connected", "1 while connected to NATS and the lease bucket.", "gauge"),
+)  # fmt: skip
+
+
+class _FleetCollector:
+    """A fleet member's counters as Prometheus metrics, labelled by member id."""
+
+    def __init__(self, statistics: Callable[[], FleetStatistics]) -> None:
+        self.statistics = statistics
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> list[Metric]:
+        now = self.statistics()
+        found: list[Metric] = []
+        for field, name, meaning, kind in _FLEET:
+            family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            metric = family(name, meaning, labels=["member"])
+            metric.add_metric([now.member], float(getattr(now, field)))
+            found.append(metric)
+        return found

@@ -43,7 +43,7 @@ from .proxy import forward
 from .state import GatewayState
 from .upstream import PARTITION
 
-__all__ = ["APIS", "Api", "Call", "answer", "read_call", "sdk_arguments"]
+__all__ = ["APIS", "Api", "Call", "Refused", "answer", "read_body", "read_call", "sdk_arguments"]
 
 #: The SDK methods' arguments that are not API fields: never taken from a body.
 _TRANSPORT = frozenset({"extra_headers", "extra_query", "extra_body", "timeout"})
@@ -137,7 +137,7 @@ def sdk_arguments(
     return kwargs
 
 
-async def _read(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int) -> bytes:
     """The request's body, refused (413) once it is over ``limit`` bytes: by its declared
     length before any of it is read, else as it streams in."""
     declared = request.headers.get("content-length", "")
@@ -199,7 +199,7 @@ async def read_call(state: GatewayState, api: Api, request: Request) -> Call:
     """
     started = time.monotonic()
     config, headers = state.config, request.headers
-    raw = await _read(request, config.max_body_size)
+    raw = await read_body(request, config.max_body_size)
     data = _json(raw)
     try:
         controls = read_controls(headers.items(), budget=config.budget, lane=config.lane)

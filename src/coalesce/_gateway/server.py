@@ -14,15 +14,18 @@ one is missing.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import math
+import os
 import signal
 import socket
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .config import GatewayConfig, load_config
+from .workers import FD_VARIABLE
 
 __all__ = ["bind", "main", "run"]
 
@@ -50,8 +53,11 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run(config: GatewayConfig, sock: socket.socket) -> None:
-    """Serve the gateway of ``config`` on ``sock`` until told to stop (see the module doc)."""
+def run(
+    config: GatewayConfig, sock: socket.socket, started: Callable[[], None] | None = None
+) -> None:
+    """Serve the gateway of ``config`` on ``sock`` until told to stop (see the module doc);
+    ``started()``, if given, is called once it takes calls."""
     import uvicorn
 
     from .app import create_app
@@ -60,6 +66,11 @@ def run(config: GatewayConfig, sock: socket.socket) -> None:
     state = GatewayState(config)
 
     class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started and started is not None:
+                started()
+
         def handle_exit(self, sig: int, frame: Any) -> None:
             state.draining = True  # /readyz says so while the calls in flight finish
             super().handle_exit(sig, frame)
@@ -85,22 +96,21 @@ def main(argv: Sequence[str]) -> int:
     """
     args = list(argv[1:] if argv[:1] == ["serve"] else argv)
     config = load_config(args)
-    try:
-        import aiohttp  # noqa: F401
-        import anthropic  # noqa: F401
-        import openai  # noqa: F401
-        import prometheus_client  # noqa: F401
-        import starlette  # noqa: F401
-        import uvicorn  # noqa: F401
-    except ImportError as exc:
+    missing = _missing(config)
+    if missing is not None:
         print(
-            f"coalesce serve needs {exc.name}: pip install 'coalesce-llm[gateway]'",
+            f"coalesce serve needs {missing}: pip install 'coalesce-llm[gateway{missing_extra(missing)}]'",
             file=sys.stderr,
         )
         return 2
     from .logs import configure, logger
+    from .workers import READY
 
     configure(config.log_level)
+    inherited = os.environ.get(FD_VARIABLE)
+    if inherited:  # a worker of --workers: the parent's socket, already listening
+        run(config, socket.socket(fileno=int(inherited)), lambda: print(READY, flush=True))
+        return 0
     try:
         sock = bind(config.host, config.port)
     except OSError as exc:
@@ -110,11 +120,53 @@ def main(argv: Sequence[str]) -> int:
         return 2
     host, port = sock.getsockname()[:2]
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-    print(f"coalesce gateway listening on {url}", flush=True)
-    print(f"  OpenAI base_url: {url}/v1   Anthropic base_url: {url}", flush=True)
+
+    def listening() -> None:
+        print(f"coalesce gateway listening on {url}", flush=True)
+        print(f"  OpenAI base_url: {url}/v1   Anthropic base_url: {url}", flush=True)
+
     logger.info("coalesce gateway starting: %s", config.describe())
+    if config.workers > 1:  # the address is printed once every worker takes calls
+        return _workers(args, config, sock, listening)
+    listening()
     run(config, sock)
     return 0
+
+
+#: The modules ``coalesce serve`` needs (the gateway extra's), and a fleet's.
+_NEEDED = ("aiohttp", "anthropic", "openai", "prometheus_client", "starlette", "uvicorn")
+
+
+def _missing(config: GatewayConfig) -> str | None:
+    """The first module the gateway of ``config`` needs that is not installed. A gateway
+    imports them here, before it says it listens (seconds of imports its first calls
+    would otherwise wait for); a parent of ``--workers`` only finds them, never
+    importing what only its workers run."""
+    needed = _NEEDED + (("nats",) if config.fleet or config.workers > 1 else ())
+    if config.workers > 1 and FD_VARIABLE not in os.environ:
+        return next((name for name in needed if importlib.util.find_spec(name) is None), None)
+    for name in needed:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            return name
+    return None
+
+
+def missing_extra(module: str) -> str:
+    """The extra besides ``gateway`` that installs ``module``: ``,fleet`` for nats-py."""
+    return ",fleet" if module == "nats" else ""
+
+
+def _workers(
+    argv: Sequence[str], config: GatewayConfig, sock: socket.socket, ready: Callable[[], None]
+) -> int:
+    """``--workers N``: N processes on ``sock``, one fleet (``workers.py``)."""
+    from .workers import embedded_nats, supervise
+
+    with contextlib.ExitStack() as stack:
+        fleet = None if config.fleet else stack.enter_context(embedded_nats())
+        return supervise(argv, sock, config.workers, fleet, ready)
 
 
 @contextlib.contextmanager
