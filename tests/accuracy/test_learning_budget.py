@@ -85,3 +85,36 @@ def test_the_starting_cap_rises_to_the_paying_size_until_evidence_moves_it() -> 
     guard.cap = 3
     guard.at_least(6)  # evidence brought it down: it stays
     assert guard.cap == 3
+
+
+def test_after_a_fall_the_lowered_cap_is_checked_without_waiting_for_savings() -> None:
+    # Packed answers go wrong past position 2: the cap falls from 4. The checks of the
+    # lowered cap's tail are the guard's, not learning's investment in a rise: with no
+    # savings left to spend, they are still made (and counted as spent).
+    guard = learning_guard()
+    guard.earn(100 * PRICE)  # enough for the first step
+    for n in range(400):
+        position = 1 + n % 4
+        if guard.cap == 4 and guard.wants(4, position, PRICE):
+            guard.record(4, "a", "a" if position <= 2 else "b", position)
+    assert guard.cap < 4
+    assert guard.budget is not None
+    guard.budget.spent = guard.budget.share * guard.budget.saved  # nothing left to spend
+    before = guard.learning_requests
+    cap = guard.cap
+    checked = sum(guard.wants(cap, 1 + n % cap, PRICE) for n in range(400))
+    assert checked > 0
+    assert guard.learning_requests > before
+    assert guard.budget.left() < 0  # spent past the share: the alarm bought its checks
+
+
+def test_without_a_fall_an_exhausted_budget_stops_learning() -> None:
+    guard = learning_guard()
+    guard.earn(100 * PRICE)
+    feed(guard, 2000, 0.0)  # every verdict agrees: the cap only rises
+    assert guard.budget is not None
+    guard.budget.spent = guard.budget.share * guard.budget.saved
+    before = guard.learning_requests
+    cap = guard.cap
+    assert sum(guard.wants(cap, 1 + n % cap, PRICE) for n in range(400)) == 0
+    assert guard.learning_requests == before

@@ -332,3 +332,17 @@ def test_a_cold_burst_goes_one_over_the_cap_until_anything_is_learned() -> None:
     assert ShadowGuard(0.01, 0.9, 32, start=4).burst_cap() == 4  # a cap not learned
     guard.bad = 5  # a size judged too large: nothing is tried blind any more
     assert guard.burst_cap() == 4
+
+
+def test_a_tail_wrong_from_its_first_verdicts_is_asked_until_the_cap_can_fall() -> None:
+    # 0 of 1 is "confidently under 0.9" by its upper bound, but the cap falls on no
+    # fewer than TAIL_SAMPLES tail verdicts (or POSITION_SAMPLES at one position):
+    # stopping there left the cap up, its answers wrong, with only the long-run rate on.
+    from coalesce._accuracy.learning import TAIL_SAMPLES, learning_wanted
+
+    for wrong in (1, 5, TAIL_SAMPLES - 1):
+        tail = [False] * wrong
+        assert learning_wanted(4, 3, tail, {}, pending=0, spent=wrong, min_agreement=0.9)
+    tail = [False] * TAIL_SAMPLES
+    assert not learning_wanted(4, 3, tail, {}, pending=0, spent=12, min_agreement=0.9)
+    assert next_cap(4, 32, None, {}, tail, {}, 0.9).cap < 4

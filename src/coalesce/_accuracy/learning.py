@@ -351,7 +351,9 @@ def learning_wanted(
     if total and wilson_interval(agreed, total, Z)[0] >= min_agreement:
         # Good so far: what is missing is evidence from groups that reached the cap.
         return in_top(cap, position) and top_verdicts(cap, positions) < TOP_SAMPLES
+    if total >= TAIL_SAMPLES and wilson_interval(agreed, total, Z)[1] < min_agreement:
+        return False  # confidently below, on enough verdicts: the cap comes down now
     if total and wilson_interval(agreed, total, Z)[1] < min_agreement:
-        return False  # confidently below: the cap comes down without more
+        return True  # below so far, on too few verdicts for the fall: ask on
     # Enough verdicts that, if the rest agree, the interval's lower end reaches the bar.
     return pending + total < verdicts_to_decide(total - agreed, min_agreement)

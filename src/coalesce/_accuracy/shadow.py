@@ -159,7 +159,7 @@ class ShadowGuard:
     def _learning(self, position: int, price: float) -> bool:
         if self._learned + 1 > LEARN_SHARE * (self.packed - LEARN_AFTER):
             return False
-        if self.budget is not None:
+        if self.budget is not None and not self._fell():
             least = verdicts_to_rise(self.min_agreement)
             if not self.budget.affords(price, least - len(self._tail) - self._pending):
                 return False
@@ -173,6 +173,15 @@ class ShadowGuard:
             self.min_agreement,
             filled=fills(self.cap, self._sizes),
         )
+
+    def _fell(self) -> bool:
+        """Whether the cap last moved down: packed answers were seen going wrong, and
+        the cap they brought down is being judged. Those checks are the guard's, not an
+        investment in a higher cap: they do not wait for the savings to pay for them
+        (a cap of 2 saves little, and its callers would otherwise get packed answers
+        unchecked for hundreds of calls). They are still counted as spent, and bounded
+        by the step's allowance."""
+        return bool(self.moves) and self.moves[-1][1] < self.moves[-1][0]
 
     def earn(self, saved: float) -> None:
         """A packed request answered, saving ``saved`` against its items' plain calls
