@@ -14,6 +14,7 @@ from coalesce._fleet.decide import (
     forward_timeout,
     forwarded_budget,
     idle,
+    late,
     partition_key,
     renew_due,
     route,
@@ -66,6 +67,12 @@ def test_a_forwarded_call_carries_the_callers_own_remaining_budget() -> None:
     # Late already: still a budget a lone call can be answered in, never milliseconds.
     assert forwarded_budget(2.0, 1.9) == 2.0 * LATE_SHARE
     assert forwarded_budget(2.0, 5.0, hop=0.0) == 2.0 * LATE_SHARE
+
+
+def test_a_call_taken_back_late_goes_alone() -> None:
+    assert not late(None, 100.0)
+    assert not late(2.0, 2.0 * (1 - LATE_SHARE) - 0.01)
+    assert late(2.0, 2.0 * (1 - LATE_SHARE) + 0.01)
 
 
 def test_a_forwarder_waits_for_the_budget_it_sent_and_a_grace() -> None:

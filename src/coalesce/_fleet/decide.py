@@ -9,6 +9,7 @@
 * :func:`forwarded_budget`, :func:`forward_timeout`: the budget a forwarded call carries
   to its owner (the caller's own remaining seconds, less the hop) and how long the
   forwarder waits for the owner's reply before it answers the call itself;
+* :func:`late`: whether a call taken back goes upstream alone, at once;
 * :func:`silent`: whether a holder with calls in flight has stopped answering pings.
 """
 
@@ -31,6 +32,7 @@ __all__ = [
     "forward_timeout",
     "forwarded_budget",
     "idle",
+    "late",
     "partition_key",
     "renew_due",
     "route",
@@ -142,6 +144,13 @@ def forwarded_budget(budget: float | None, elapsed: float, hop: float = HOP) -> 
     if budget is None:
         return None
     return max(budget - elapsed - hop, budget * LATE_SHARE)
+
+
+def late(budget: float | None, elapsed: float) -> bool:
+    """Whether a call has less than :data:`LATE_SHARE` of its budget left: taken back
+    from an owner that died with it, it goes upstream alone at once (waiting for company,
+    or being forwarded again, would make it later still)."""
+    return budget is not None and budget - elapsed < budget * LATE_SHARE
 
 
 def forward_timeout(sent: float | None, ceiling: float, grace: float = GRACE) -> float:

@@ -199,13 +199,15 @@ class Member:
             budget: Its budget in seconds, if it has one.
             started: When it started (``anyio.current_time()``).
         """
-        for _ in range(2):
+        for attempt in range(2):
             decision, view = await self.where(call.partition)
             if decision is Route.FALLBACK:
                 self.counts["fallbacks"] += 1
             if decision is not Route.FORWARD or view is None:
                 return None
             elapsed = anyio.current_time() - started
+            if attempt and decide.late(budget, elapsed):  # its owner died with it
+                return None
             sent = dataclasses.replace(call, remaining=decide.forwarded_budget(budget, elapsed))
             patience = decide.forward_timeout(sent.remaining, self.ceiling)
             outcome = await self.forwarding.send(sent, view.holder, patience)

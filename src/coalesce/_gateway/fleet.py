@@ -29,8 +29,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from .._exceptions import ConfigurationError
-from .._fleet.decide import forwarded_budget, partition_key
+from .._fleet.decide import forwarded_budget, late, partition_key
 from .._fleet.wire import Forwarded, Reply
+from .._wrap.headers import SWITCH_HEADER
 from .callers import Unauthorized, read_caller
 from .controls import read_controls
 from .errors import error_response
@@ -91,19 +92,28 @@ async def answer(state: GatewayState, api: Api, request: Request) -> Response:
     call = Forwarded(api.name, sent, body, None, key)
     reply = await state.member.dispatch(call, budget, started)
     if reply is None:  # answered here, with what is left of its budget
-        left = forwarded_budget(budget, anyio.current_time() - started, hop=0.0)
+        elapsed = anyio.current_time() - started
+        if late(budget, elapsed):  # taken back from an owner that died: alone, at once
+            return await answer_here(state, api, _replayed(request, body, alone=True))
+        left = forwarded_budget(budget, elapsed, hop=0.0)
         return await answer_here(state, api, _replayed(request, body, left))
     shown = {n: v for n, v in reply.headers if n.lower() != "content-length"}
     return Response(reply.body, reply.status, shown)
 
 
-def _replayed(request: Request, body: bytes, budget: float | None = None) -> Request:
+def _replayed(
+    request: Request, body: bytes, budget: float | None = None, *, alone: bool = False
+) -> Request:
     """``request`` again, its body already read; with ``budget`` (seconds), its budget
-    header says what is left of it."""
+    header says what is left of it; ``alone``, it goes upstream as it came
+    (``x-coalesce: off``)."""
     raw: list[tuple[bytes, bytes]] = list(request.scope["headers"])
     if budget is not None:
         raw = [(n, v) for n, v in raw if n.lower() != BUDGET_HEADER.encode()]
         raw.append((BUDGET_HEADER.encode(), _seconds(budget).encode()))
+    if alone:
+        raw = [(n, v) for n, v in raw if n.lower() != SWITCH_HEADER.encode()]
+        raw.append((SWITCH_HEADER.encode(), b"off"))
     return Request({**request.scope, "headers": raw}, _once(body))
 
 
