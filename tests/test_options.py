@@ -67,7 +67,8 @@ def test_the_gateway_has_a_flag_variable_and_setting_per_serve_option() -> None:
 def test_the_engine_options_and_the_headers_are_the_models() -> None:
     engine = {f.name for f in dataclasses.fields(Options)} - {"item_output_cap"}
     named = _names("prompt") | _names("wrap")
-    assert engine == named - {"client", "model", "instructions", "partition"}
+    fleet = {"fleet", "fleet_creds", "fleet_tls_ca"}  # where the engine runs, not how
+    assert engine == named - {"client", "model", "instructions", "partition", *fleet}
     assert {o.header for o in OPTIONS if o.header} == set(HEADERS) - {SWITCH_HEADER}
 
 

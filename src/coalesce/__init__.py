@@ -28,6 +28,7 @@ from ._exceptions import (
     TruncatedOutputError,
     UnknownOptionError,
 )
+from ._gateway import sidecar as _sidecar  # noqa: F401  # fleet= on wrap and prompt
 from ._observe.agreement import Agreement, CapLearning
 from ._observe.recorder import (
     CallEvent,

@@ -293,11 +293,11 @@ OPTIONS: tuple[Option, ...] = (
            " flight", check_seconds, kind=float),
     Option("log_level", "info", "serve", "how much", _choice("debug", "info", "warning", "error")),
     # the fleet (docs/fleet.md)
-    Option("fleet", None, "serve", "a NATS URL: the gateways given the same one coalesce as"
+    Option("fleet", None, _SHARED, "a NATS URL: the processes given the same one coalesce as"
            " one (docs/fleet.md)"),
-    Option("fleet_creds", None, "serve", "a NATS credentials file the fleet connects with",
+    Option("fleet_creds", None, _SHARED, "a NATS credentials file the fleet connects with",
            kind=Path),
-    Option("fleet_tls_ca", None, "serve", "a CA bundle the fleet's NATS server is verified"
+    Option("fleet_tls_ca", None, _SHARED, "a CA bundle the fleet's NATS server is verified"
            " with (TLS)", kind=Path),
     Option("workers", 1, "serve", "processes that take calls and coalesce as one, over the"
            " fleet (an embedded NATS server when no fleet is given)", check_int, kind=int),

@@ -29,7 +29,7 @@ from ._exceptions import ConfigurationError, InvalidInputError
 from ._lanes.router import LaneRouter
 from ._lanes.store import JobStore
 from ._observe.recorder import EventHook, PromptStatistics
-from ._options import NOT_GIVEN, LaneChoice, NotGiven, on, refuse_unknown
+from ._options import IN_MEMORY, NOT_GIVEN, LaneChoice, NotGiven, on, refuse_unknown
 from ._planning.latency import LatencyPrior
 from ._planning.tokens import TokenEstimator
 from ._pricing import Price
@@ -44,6 +44,7 @@ from ._validate import (
     jsonable,
     partition_of,
 )
+from ._wrap.fleet import through_fleet
 from .providers._client import as_provider
 
 __all__ = ["PromptFunction", "prompt"]
@@ -323,6 +324,9 @@ def prompt(
     agree: Callable[[Any, Any], bool] | None = None,
     vote: bool = False,
     screen: bool | Callable[[Any], bool] = True,
+    fleet: str | None = None,
+    fleet_creds: str | os.PathLike[str] | None = None,
+    fleet_tls_ca: str | os.PathLike[str] | None = None,
     **request_options: Any,
 ) -> Callable[[Callable[P, Awaitable[Out]]], PromptFunction[P, Out]]:
     """Turn ``async def f(<item>) -> Out`` into a function whose concurrent calls share
@@ -374,6 +378,12 @@ def prompt(
         vote: Ask each packed group in two orders, settling differences with plain calls.
         screen: A call whose item reads like instructions goes alone; ``False``: off; or
             your own ``screen(item) -> bool``.
+        fleet: A NATS URL (``nats://host:4222``): each call is sent as its plain request
+            through a gateway this process serves, and the calls of every process given
+            the same URL coalesce as one there (docs/fleet.md); only the options that
+            gateway takes may be given with it (``client``: an OpenAI or Anthropic SDK one).
+        fleet_creds: A NATS credentials file the fleet connects with.
+        fleet_tls_ca: A CA bundle the fleet's NATS server is verified with (TLS).
         **request_options: Passed to the provider (``temperature=0``...); one that looks
             like a misspelt option raises ``UnknownOptionError``.
 
@@ -383,7 +393,22 @@ def prompt(
     """
     if fn is not None:
         raise _bare(fn)
-    return _decorator(*_split_keywords(locals()), request_options)
+    given = locals()
+    if fleet is not None or fleet_creds is not None or fleet_tls_ca is not None:
+        given = _through_fleet(given)
+    return _decorator(*_split_keywords(given), request_options)
+
+
+def _through_fleet(given: dict[str, Any]) -> dict[str, Any]:
+    """``prompt(fleet=...)``'s keywords in this process: the client sends through the
+    fleet, which coalesces; here each call is its plain request, sent at once."""
+    if given["client"] is None:
+        raise ConfigurationError(
+            "prompt(fleet=...) needs client=, an OpenAI or Anthropic SDK client"
+        )
+    client = through_fleet(given["client"], given, "prompt")
+    alone = {"max_items": 1, "max_wait": NOT_GIVEN, "stream": False, "lane": "realtime"}
+    return {**given, **alone, "client": client, "store": IN_MEMORY}
 
 
 def _bare(fn: object) -> ConfigurationError:

@@ -27,7 +27,7 @@ from typing import Any
 from .config import GatewayConfig, load_config
 from .workers import FD_VARIABLE
 
-__all__ = ["bind", "main", "run"]
+__all__ = ["bind", "main", "missing_extra", "missing_module", "run"]
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -96,7 +96,7 @@ def main(argv: Sequence[str]) -> int:
     """
     args = list(argv[1:] if argv[:1] == ["serve"] else argv)
     config = load_config(args)
-    missing = _missing(config)
+    missing = missing_module(config)
     if missing is not None:
         print(
             f"coalesce serve needs {missing}: pip install 'coalesce-llm[gateway{missing_extra(missing)}]'",
@@ -137,7 +137,7 @@ def main(argv: Sequence[str]) -> int:
 _NEEDED = ("aiohttp", "anthropic", "openai", "prometheus_client", "starlette", "uvicorn")
 
 
-def _missing(config: GatewayConfig) -> str | None:
+def missing_module(config: GatewayConfig) -> str | None:
     """The first module the gateway of ``config`` needs that is not installed. A gateway
     imports them here, before it says it listens (seconds of imports its first calls
     would otherwise wait for); a parent of ``--workers`` only finds them, never

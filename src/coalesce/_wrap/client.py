@@ -44,6 +44,7 @@ from ..providers._client import as_provider, retries_for
 from .call import SdkCall, given_arguments
 from .credentials import credentials_key
 from .engines import Answered, Engines
+from .fleet import through_fleet
 from .headers import LANE_HEADER, CallHeaders, coalesce_headers
 from .openai_chat import posted_create
 from .partition import Partition, PartitionFunction, partition_function, partition_key
@@ -369,6 +370,9 @@ def wrap(
     store: str | os.PathLike[str] | JobStore | None = None,
     batch_window: float = 60.0,
     poll_interval: float = 60.0,
+    fleet: str | None = None,
+    fleet_creds: str | os.PathLike[str] | None = None,
+    fleet_tls_ca: str | os.PathLike[str] | None = None,
 ) -> C:
     """Wrap an ``openai.AsyncOpenAI`` or ``anthropic.AsyncAnthropic`` so that compatible
     calls coalesce (a blocking ``OpenAI`` or ``Anthropic`` client's calls block, served
@@ -408,11 +412,19 @@ def wrap(
             ``$COALESCE_STORE``, else the user data directory; ``":memory:"``: no file).
         batch_window: Seconds a deferred (flex, batch) call waits for others.
         poll_interval: The longest wait between two polls of a batch job, in seconds.
+        fleet: A NATS URL (``nats://host:4222``): the calls of every process wrapping a
+            client with the same one coalesce as one (docs/fleet.md). The client returned
+            is then the SDK's own, sending through a gateway this process serves on a
+            loopback port; only the options that gateway takes may be given with it.
+        fleet_creds: A NATS credentials file the fleet connects with.
+        fleet_tls_ca: A CA bundle the fleet's NATS server is verified with (TLS).
 
     Raises:
         ConfigurationError: The client is not OpenAI's or Anthropic's, or is wrapped
             already, or an option is out of range (``UnknownOptionError``: misspelt).
     """
+    if fleet is not None or fleet_creds is not None or fleet_tls_ca is not None:
+        return cast(C, through_fleet(client, locals(), "wrap"))
     if async_twin(client) is not None:  # a blocking openai.OpenAI / anthropic.Anthropic
         return cast(C, _blocking(dict(locals())))
     return cast(C, _wrapped(client, locals(), partition_function(partition)))  # warns here
