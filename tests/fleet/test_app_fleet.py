@@ -52,7 +52,9 @@ async def test_a_wrapped_client_and_a_gateway_coalesce_as_one(
     sim: SimulatedProvider, sim_url: str, nats_server: NatsServer
 ) -> None:
     async with serving(gateway_config(sim_url, fleet=nats_server.url, store=None)) as gateway:
-        to_gateway = openai.AsyncOpenAI(base_url=gateway.openai_url, api_key="sk-team", max_retries=0)
+        to_gateway = openai.AsyncOpenAI(
+            base_url=gateway.openai_url, api_key="sk-team", max_retries=0
+        )
         plain = openai.AsyncOpenAI(base_url=f"{sim_url}/v1", api_key="sk-team", max_retries=0)
         wrapped = coalesce.wrap(plain, fleet=nats_server.url, **FLEET)
         assert type(wrapped) is openai.AsyncOpenAI  # the SDK's own client, a copy
