@@ -15,6 +15,9 @@ gateway on an empty store of its own:
   sending there), and every call sent to a live replica must be answered right;
 * one ``coalesce serve --workers 4`` (four processes on one port, over the NATS server
   they start for themselves): every call to it;
+* each client process wraps its own client, ``coalesce.wrap(client, fleet=nats://...)``
+  (no gateway: the processes coalesce as one fleet), and the same without ``fleet=``
+  (each process coalesces its own calls);
 * plain calls to the simulator (the baseline of every ratio).
 
 It prints prompt tokens against plain calls and against one gateway, upstream
@@ -22,7 +25,8 @@ requests, p50/p95 latency, the share of calls within the budget (of the calls se
 a live replica) and errors (an exception, or an answer other than the simulator's).
 Targets: three replicas at most 1.10x one gateway's prompt tokens and at least 99%
 within budget; with the owner killed, at least 99% of live replicas' calls within
-budget; four workers at most 1.10x one process's prompt tokens.
+budget; four workers at most 1.10x one process's prompt tokens; the processes wrapping
+their clients with ``fleet=`` at most 0.45x plain calls' prompt tokens.
 
 Run: ``python benchmarks/bench_fleet.py [--calls 600] [--seed 1]``; about
 ``calls / 16`` seconds of traffic per arm, plus process start-up. With
@@ -67,6 +71,8 @@ ARMS = (
     f"{REPLICAS} --fleet replicas, round-robin",
     f"{REPLICAS} --fleet replicas, the owner killed -9 halfway",
     f"one gateway, --workers {WORKERS}",
+    f"{PROCESSES} processes, each wrap(client, fleet=...)",
+    f"{PROCESSES} processes, each wrap(client), no fleet",
     "plain calls",
 )
 #: The table of issue 39 as filed (the build before this one), printed beside this run's.
@@ -87,6 +93,8 @@ class Work:
     texts: tuple[str, ...]
     arrivals: tuple[float, ...]
     first: int = 0
+    #: Wrap the client (``coalesce.wrap``) with these options (``fleet=``...), if given.
+    wrap: tuple[tuple[str, Any], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -106,12 +114,7 @@ def _right(text: str, answer: Any) -> bool:
 
 
 async def _send(work: Work, start_at: float) -> list[Outcome]:
-    import openai
-
-    clients = [
-        openai.AsyncOpenAI(base_url=url, api_key="sk-bench", timeout=30.0, max_retries=0)
-        for url in work.urls
-    ]
+    clients = [_client(url, work) for url in work.urls]
     outcomes: list[Outcome] = []
 
     async def one(index: int, text: str) -> None:
@@ -147,10 +150,20 @@ async def _send(work: Work, start_at: float) -> list[Outcome]:
     return outcomes
 
 
+def _client(url: str, work: Work) -> Any:
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=url, api_key="sk-bench", timeout=30.0, max_retries=0)
+    return client if work.wrap is None else coalesce.wrap(client, **dict(work.wrap))
+
+
 def _process(work: Work, ready: Any, start: Any, results: Any) -> None:
     warnings.simplefilter("ignore")
     import openai  # noqa: F401  (imported before the start, not timed)
 
+    if work.wrap is not None and dict(work.wrap).get("fleet"):  # joined before the start
+        own = str(_client(work.urls[0], work).base_url).removesuffix("/").removesuffix("/v1")
+        _joined([Replica(own, None)])
     ready.put(os.getpid())
     results.put(anyio.run(_send, work, start.get()))
 
@@ -181,11 +194,15 @@ def run_clients(works: Sequence[Work], at_half: Any = None) -> list[Outcome]:
                 process.kill()
 
 
-def split(urls: tuple[str, ...], calls: int, seed: int) -> list[Work]:
+def split(
+    urls: tuple[str, ...], calls: int, seed: int, wrap: dict[str, Any] | None = None
+) -> list[Work]:
     rng, texts = random.Random(seed), tickets(calls)
+    options = None if wrap is None else tuple(wrap.items())
+    shares = [texts[n::PROCESSES] for n in range(PROCESSES)]
     return [
-        Work(urls, tuple(texts[n::PROCESSES]), poisson(len(texts[n::PROCESSES]), RATE, rng), n)
-        for n in range(PROCESSES)
+        Work(urls, tuple(share), poisson(len(share), RATE, rng), n, options)
+        for n, share in enumerate(shares)
     ]
 
 
@@ -195,7 +212,7 @@ def split(urls: tuple[str, ...], calls: int, seed: int) -> list[Work]:
 @dataclass
 class Replica:
     url: str
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | None  # None: a wrapped client's own gateway
 
 
 @contextlib.contextmanager
@@ -278,6 +295,7 @@ KILLED_AT: list[float] = []
 def _kill_owner(replicas: Sequence[Replica]) -> None:
     owners = [r for r in replicas if _fleet_state(r).get("owned")]
     victim = owners[0] if owners else replicas[0]
+    assert victim.process is not None
     victim.process.send_signal(signal.SIGKILL)
     KILLED_AT.append(time.time())
     print(f"  killed {victim.url} (owner: {bool(owners)})", file=sys.stderr, flush=True)
@@ -298,6 +316,11 @@ def late_calls(outcomes: Sequence[Outcome]) -> str:
 def arm(name: str, sim_url: str, nats_url: str, calls: int, seed: int) -> list[Outcome]:
     if name == ARMS[-1]:
         return run_clients(split((f"{sim_url}/v1",), calls, seed))
+    if name in (ARMS[4], ARMS[5]):  # every process its own empty store (in memory)
+        wrap: dict[str, Any] = {"latency_budget": BUDGET, "store": ":memory:"}
+        if name == ARMS[4]:
+            wrap["fleet"] = nats_url
+        return run_clients(split((f"{sim_url}/v1",), calls, seed, wrap))
     with contextlib.ExitStack() as stack:
         if name in (ARMS[0], ARMS[3]):
             store = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-fleet-"))
@@ -373,6 +396,8 @@ def print_table(runs: dict[str, dict[str, Any]], calls: int) -> None:
         f"Target, {ARMS[3]}, coalesces as one process does (<= 1.10x): {_holds(workers <= 1.10)}"
         f" ({workers:.2f}x)"
     )
+    wrapped = _per_call(runs[ARMS[4]]) / plain
+    print(f"Target, {ARMS[4]}, <= 0.45x plain calls: {_holds(wrapped <= 0.45)} ({wrapped:.3f}x)")
     print(late_calls(killed["outcomes"]))
     print(f"\n{FILED}")
 

@@ -23,7 +23,7 @@ import atexit
 import logging
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -135,14 +135,28 @@ def running(config: GatewayConfig) -> Sidecar:
         return sidecar
 
 
-@atexit.register
 def stop_all() -> None:
-    """Stop every gateway of this process (at exit)."""
+    """Stop every gateway of this process (at exit: see :func:`_at_exit`)."""
     with _lock:
         sidecars = list(_running.values())
         _running.clear()
     for sidecar in sidecars:
         sidecar.stop()
+
+
+def _at_exit(stop: Callable[[], None]) -> None:
+    """Call ``stop`` as the interpreter exits, before ``atexit``'s handlers: those
+    include ``weakref.finalize``'s, which close the SDK clients' connection pools a
+    gateway still sends through (a call it answers for another process would fail).
+    ``threading``'s own exit hook runs first (``concurrent.futures`` uses it too)."""
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:  # pragma: no cover - CPython has had it since 3.9
+        atexit.register(stop)
+    else:
+        register(stop)
+
+
+_at_exit(stop_all)
 
 
 def _provider(client: Any) -> str:
