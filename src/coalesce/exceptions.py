@@ -8,36 +8,5 @@ coalesce takes them from here, importing nothing else of it: the simulated provi
 
 from __future__ import annotations
 
-from ._exceptions import (
-    BatcherClosedError,
-    BatchError,
-    CoalesceError,
-    CoalesceWarning,
-    ConfigurationError,
-    InvalidInputError,
-    InvalidOutputError,
-    ItemError,
-    MissingOutputError,
-    QueueFull,
-    RequestTimeoutError,
-    ResultCountError,
-    TruncatedOutputError,
-    UnknownOptionError,
-)
-
-__all__ = [
-    "BatchError",
-    "BatcherClosedError",
-    "CoalesceError",
-    "CoalesceWarning",
-    "ConfigurationError",
-    "InvalidInputError",
-    "InvalidOutputError",
-    "ItemError",
-    "MissingOutputError",
-    "QueueFull",
-    "RequestTimeoutError",
-    "ResultCountError",
-    "TruncatedOutputError",
-    "UnknownOptionError",
-]
+from ._exceptions import *  # noqa: F403  # the whole hierarchy, as its __all__ names it
+from ._exceptions import __all__ as __all__

@@ -26,7 +26,7 @@ from .._observe.events import logger
 from .lines import LineOutcome, as_json, read_anthropic_result
 from .records import BatchJob
 from .results import CREATE_BACKOFF, JobOutcome, Poll, Progress, poll_batch, record_job
-from .resume import Owns, Steps, resume_jobs
+from .resume import Steps
 from .store import JobStore
 
 __all__ = ["CREATE_ATTEMPTS", "collect", "progress", "resume", "submit", "wait"]
@@ -136,14 +136,5 @@ async def collect(
     return await record_job(store, job.id, _status(batch), outcomes, validate)
 
 
-async def resume(
-    store: JobStore,
-    client: Any,
-    validate: Callable[[Any], Any],
-    poll: Poll | None = None,
-    owns: Owns | None = None,
-) -> dict[str, JobOutcome]:
-    """Finish every unfinished Anthropic job in the store (those ``owns`` says are the
-    caller's, if given). Per local job id, its outcome."""
-    steps = Steps(submit, wait, collect)
-    return await resume_jobs("anthropic", steps, store, client, validate, poll, owns)
+#: Finish every unfinished Anthropic job in the store (:meth:`Steps.resume`).
+resume = Steps("anthropic", submit, wait, collect).resume

@@ -46,7 +46,7 @@ from .results import (
     poll_until,
     record_job,
 )
-from .resume import Owns, Steps, resume_jobs
+from .resume import Steps
 from .store import JobStore
 
 __all__ = [
@@ -210,15 +210,5 @@ async def collect(
     return await record_job(store, job.id, str(batch.status), outcomes, validate)
 
 
-async def resume(
-    store: JobStore,
-    client: Any,
-    validate: Callable[[Any], Any],
-    poll: Poll | None = None,
-    owns: Owns | None = None,
-) -> dict[str, JobOutcome]:
-    """Finish every unfinished OpenAI job in the store: submit what was not submitted,
-    attach to what was, collect the results (of the jobs ``owns`` says are the caller's,
-    if given). Per local job id, its outcome."""
-    steps = Steps(submit, wait, collect)
-    return await resume_jobs("openai", steps, store, client, validate, poll, owns)
+#: Finish every unfinished OpenAI job in the store (:meth:`Steps.resume`).
+resume = Steps("openai", submit, wait, collect).resume

@@ -13,7 +13,7 @@ from .records import BatchJob, Provider
 from .results import JobOutcome, Poll
 from .store import JobStore
 
-__all__ = ["Owns", "Steps", "resume_jobs"]
+__all__ = ["Owns", "Steps"]
 
 #: Whether a job is the resuming lane's to finish (called in a worker thread: it may
 #: read the store). The drop-in client's lanes each finish only their own jobs.
@@ -24,36 +24,37 @@ class Steps(NamedTuple):
     """One provider's ways to take a job from the store to its outcome.
 
     Attributes:
+        provider: Whose jobs these are.
         submit: ``(store, client, job, poll)``: the job ``submitted``; its batch id.
         wait: ``(client, batch_id, poll)``: the batch once it has ended.
         collect: ``(store, client, job, batch, validate)``: the job's results, recorded.
     """
 
+    provider: Provider
     submit: Callable[[JobStore, Any, BatchJob, Poll | None], Awaitable[str]]
     wait: Callable[[Any, str, Poll | None], Awaitable[Any]]
     collect: Callable[[JobStore, Any, BatchJob, Any, Callable[[Any], Any]], Awaitable[JobOutcome]]
 
+    async def resume(
+        self,
+        store: JobStore,
+        client: Any,
+        validate: Callable[[Any], Any],
+        poll: Poll | None = None,
+        owns: Owns | None = None,
+    ) -> dict[str, JobOutcome]:
+        """Finish every unfinished job of the provider in the store (those ``owns`` says
+        are the caller's, if given), one after another: submit what was not submitted,
+        attach to what was, collect the results. Per local job id, its outcome."""
 
-async def resume_jobs(
-    provider: Provider,
-    steps: Steps,
-    store: JobStore,
-    client: Any,
-    validate: Callable[[Any], Any],
-    poll: Poll | None,
-    owns: Owns | None = None,
-) -> dict[str, JobOutcome]:
-    """Finish every unfinished job of ``provider`` in the store (those ``owns`` says are
-    this caller's, if given), one after another; per local job id, its outcome."""
+        def unfinished() -> list[BatchJob]:
+            jobs = [job for job in store.unfinished_jobs() if job.provider == self.provider]
+            return jobs if owns is None else [job for job in jobs if owns(job)]
 
-    def unfinished() -> list[BatchJob]:
-        jobs = [job for job in store.unfinished_jobs() if job.provider == provider]
-        return jobs if owns is None else [job for job in jobs if owns(job)]
-
-    jobs = await anyio.to_thread.run_sync(unfinished)
-    outcomes: dict[str, JobOutcome] = {}
-    for job in jobs:
-        batch_id = await steps.submit(store, client, job, poll)
-        batch = await steps.wait(client, batch_id, poll)
-        outcomes[job.id] = await steps.collect(store, client, job, batch, validate)
-    return outcomes
+        jobs = await anyio.to_thread.run_sync(unfinished)
+        outcomes: dict[str, JobOutcome] = {}
+        for job in jobs:
+            batch_id = await self.submit(store, client, job, poll)
+            batch = await self.wait(client, batch_id, poll)
+            outcomes[job.id] = await self.collect(store, client, job, batch, validate)
+        return outcomes

@@ -20,15 +20,12 @@ from typing import Any, Literal
 
 from .call import (
     SdkCall,
-    instructions,
-    last_user,
-    new_call,
+    Transport,
     output_cap,
-    split_transport,
     stream_flag,
     streamed,
-    turns,
 )
+from .openai_chat import chat_turns, reading, translated_call
 from .replies import anthropic_response, anthropic_stream
 from .tools import ForcedTool, anthropic_forced_tool
 from .translator import Answer, Translator
@@ -52,34 +49,23 @@ _HANDLED = frozenset(
 NEUTRAL_BETAS = frozenset({"prompt-caching-2024-07-31", "fine-grained-tool-streaming-2025-05-14"})
 
 
-def anthropic_create_call(kwargs: Mapping[str, Any]) -> SdkCall | None:
-    """The :class:`SdkCall` of a ``messages.create`` call, or ``None`` to pass it through.
-
-    Args:
-        kwargs: The call's keyword arguments, sentinels and coalesce headers removed.
-    """
-    split = split_transport(kwargs)
-    if split is None:
-        return None
-    kwargs, transport = split
-    unknown = set(kwargs) - _FORWARDED - _HANDLED
-    model, last = kwargs.get("model"), last_user(kwargs.get("messages"))
+@reading(_FORWARDED | _HANDLED)
+def anthropic_create_call(kwargs: dict[str, Any], transport: Transport) -> SdkCall | None:
+    """The :class:`SdkCall` of a ``messages.create`` call, or ``None`` to pass it through."""
+    model, conversation = kwargs.get("model"), chat_turns(kwargs.get("messages"), frozenset())
     system = _system(kwargs.get("system"))
-    if unknown or not isinstance(model, str) or last is None or system is None:
+    if not isinstance(model, str) or conversation is None or system is None:
         return None
-    earlier, item = last
-    shared = turns(earlier, frozenset())
     valid, cap = output_cap(kwargs, ("max_tokens",))
     answer = _answer(kwargs)
     stream = stream_flag(kwargs.get("stream"))
-    if shared is None or not valid or answer is None or stream is None:
+    if not valid or answer is None or stream is None:
         return None
-    schema, tool = answer
-    notes = [] if tool is None else [tool.instruction()]
-    options = {**{k: v for k, v in kwargs.items() if k in _FORWARDED}, **transport.sent}
-    text = instructions([system, *shared[0], *notes], shared[1])
-    name = None if tool is None else tool.name
-    call = new_call(model, text, item, schema, options, cap, name, transport.timeout)
+    options = {k: v for k, v in kwargs.items() if k in _FORWARDED}
+    shared, earlier, item = conversation
+    call = translated_call(
+        model, ([system, *shared], earlier, item), answer, options, cap, transport
+    )
     return streamed(call, stream, include_usage=False)
 
 

@@ -14,13 +14,15 @@ stream of ``ChatCompletionChunk``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping, Set
 from typing import Any
 
 from ..providers._openai import CREATE_SECURITY, POST_OPTIONS
 from .call import (
     JSON_OBJECT,
     SdkCall,
+    Transport,
     instructions,
     json_object_call,
     last_user,
@@ -35,7 +37,14 @@ from .replies import openai_response, openai_stream
 from .tools import ForcedTool, openai_forced_tool
 from .translator import Answer, Translator
 
-__all__ = ["OpenAIChatCreate", "openai_create_call", "posted_create"]
+__all__ = [
+    "OpenAIChatCreate",
+    "chat_turns",
+    "openai_create_call",
+    "posted_create",
+    "reading",
+    "translated_call",
+]
 
 _FORWARDED = frozenset(
     {
@@ -70,44 +79,80 @@ _CAPS = ("max_completion_tokens", "max_tokens")
 _SYSTEM_ROLES = frozenset({"system", "developer"})
 
 
-def openai_create_call(kwargs: Mapping[str, Any]) -> SdkCall | None:
-    """The :class:`SdkCall` of a ``chat.completions.create`` call, or ``None`` to pass
-    it through.
+#: (system texts, rendered earlier turns, the item) of a call (:func:`chat_turns`).
+Conversation = tuple[list[str], list[str], str]
+#: A translator's reading of a call's arguments and transport (:func:`reading`).
+Read = Callable[[dict[str, Any], Transport], SdkCall | None]
 
-    Args:
-        kwargs: The call's keyword arguments, sentinels and coalesce headers removed.
-    """
-    split = split_transport(kwargs)
-    if split is None:
+
+def reading(known: Set[str]) -> Callable[[Read], Callable[[Mapping[str, Any]], SdkCall | None]]:
+    """Makes a :data:`Read` the reading of a call's keyword arguments (sentinels and
+    coalesce headers removed), which passes the call through (``None``) when one is not
+    ``known`` or :func:`~coalesce._wrap.call.split_transport` passes it through."""
+
+    def decorate(read: Read) -> Callable[[Mapping[str, Any]], SdkCall | None]:
+        @functools.wraps(read)
+        def reader(kwargs: Mapping[str, Any]) -> SdkCall | None:
+            split = split_transport(kwargs)
+            return None if split is None or set(split[0]) - known else read(*split)
+
+        return reader
+
+    return decorate
+
+
+@reading(_FORWARDED | _HANDLED | set(_CAPS))
+def openai_create_call(kwargs: dict[str, Any], transport: Transport) -> SdkCall | None:
+    """The :class:`SdkCall` of a ``chat.completions.create`` call, or ``None`` to pass
+    it through."""
+    model, conversation = kwargs.get("model"), chat_turns(kwargs.get("messages"), _SYSTEM_ROLES)
+    if not isinstance(model, str) or conversation is None or kwargs.get("n") not in (None, 1):
         return None
-    kwargs, transport = split
-    unknown = set(kwargs) - _FORWARDED - _HANDLED - set(_CAPS)
-    model, last = kwargs.get("model"), last_user(kwargs.get("messages"))
-    if unknown or not isinstance(model, str) or last is None or kwargs.get("n") not in (None, 1):
-        return None
-    earlier, item = last
-    shared = turns(earlier, _SYSTEM_ROLES)
     valid, cap = output_cap(kwargs, _CAPS)
     json_mode = _json_object(kwargs.get("response_format"))
     answer = _answer({**kwargs, "response_format": None} if json_mode else kwargs)
     stream = stream_flag(kwargs.get("stream"))
     usage = _include_usage(kwargs.get("stream_options"))
-    if shared is None or not valid or answer is None or stream is None or usage is None:
+    if not valid or answer is None or stream is None or usage is None:
         return None
     if usage and not stream:
         return None
-    schema, tool = answer
-    if json_mode and tool is not None:
+    if json_mode and answer[1] is not None:
         return None  # a forced tool and a reply format: which is the answer?
-    system = [*shared[0], tool.instruction()] if tool is not None else shared[0]
-    options = {**{k: v for k, v in kwargs.items() if k in _FORWARDED}, **transport.sent}
-    name = None if tool is None else tool.name
-    text = instructions(system, shared[1])
-    if json_mode:
-        call = json_object_call(model, text, item, options, cap, transport.timeout)
-    else:
-        call = new_call(model, text, item, schema, options, cap, name, transport.timeout)
+    options = {k: v for k, v in kwargs.items() if k in _FORWARDED}
+    call = translated_call(model, conversation, answer, options, cap, transport, json_mode)
     return streamed(call, stream, usage)
+
+
+def chat_turns(messages: Any, system_roles: frozenset[str]) -> Conversation | None:
+    """(system texts, rendered earlier turns, the item) of chat messages of plain text
+    ending with the user's (:func:`~coalesce._wrap.call.last_user`), or ``None``."""
+    last = last_user(messages)
+    shared = None if last is None else turns(last[0], system_roles)
+    return None if last is None or shared is None else (*shared, last[1])
+
+
+def translated_call(
+    model: str,
+    conversation: Conversation,
+    answer: tuple[Mapping[str, Any] | None, ForcedTool | None],
+    options: Mapping[str, Any],
+    cap: int | None,
+    transport: Transport,
+    json_object: bool = False,
+) -> SdkCall:
+    """The call a translator reads (``stream`` aside): the item of the ``conversation``
+    asked of ``model`` under its system texts (and the forced tool's instruction) and
+    earlier turns, for the answer's schema (its forced tool's), or for any JSON object
+    with ``json_object``; ``options`` sent with the transport's own, under its timeout."""
+    (system, earlier, item), (schema, tool) = conversation, answer
+    notes = [] if tool is None else [tool.instruction()]
+    text = instructions([*system, *notes], earlier)
+    sent = {**options, **transport.sent}
+    if json_object:
+        return json_object_call(model, text, item, sent, cap, transport.timeout)
+    name = None if tool is None else tool.name
+    return new_call(model, text, item, schema, sent, cap, name, transport.timeout)
 
 
 def _json_object(value: Any) -> bool:

@@ -35,16 +35,12 @@ from typing import Any, Literal
 
 from .call import (
     SdkCall,
-    instructions,
-    json_object_call,
-    last_user,
-    new_call,
+    Transport,
     output_cap,
-    split_transport,
     stream_flag,
     streamed,
-    turns,
 )
+from .openai_chat import chat_turns, reading, translated_call
 from .openai_responses_replies import responses_events, responses_response
 from .tools import ForcedTool
 from .translator import Answer, Translator
@@ -122,19 +118,11 @@ _NEUTRAL: Mapping[str, Callable[[Any], bool]] = {
 }
 
 
-def responses_create_call(kwargs: Mapping[str, Any]) -> SdkCall | None:
-    """The :class:`SdkCall` of a ``responses.create`` call, or ``None`` to pass it through.
-
-    Args:
-        kwargs: The call's keyword arguments, sentinels and coalesce headers removed.
-    """
-    transport = split_transport(kwargs)
-    if transport is None:
-        return None
-    kwargs, sending = transport
-    unknown = set(kwargs) - _FORWARDED - _HANDLED - set(_NEUTRAL)
+@reading(_FORWARDED | _HANDLED | set(_NEUTRAL))
+def responses_create_call(kwargs: dict[str, Any], sending: Transport) -> SdkCall | None:
+    """The :class:`SdkCall` of a ``responses.create`` call, or ``None`` to pass it through."""
     model, split = kwargs.get("model"), _conversation(kwargs)
-    if unknown or not isinstance(model, str) or split is None:
+    if not isinstance(model, str) or split is None:
         return None
     if not all(_NEUTRAL[name](kwargs[name]) for name in set(kwargs) & set(_NEUTRAL)):
         return None
@@ -144,16 +132,9 @@ def responses_create_call(kwargs: Mapping[str, Any]) -> SdkCall | None:
         return None
     if not _stream_options(kwargs.get("stream_options"), stream):
         return None
-    (system, earlier, item), (schema, options, tool) = split, asked
-    if tool is not None:
-        system = [*system, tool.instruction()]
-    shared = instructions(system, earlier)
-    name = None if tool is None else tool.name
-    options = {**options, **sending.sent}
-    if schema is _JSON_OBJECT:  # answered as the chat call json_object_call reads
-        call = json_object_call(model, shared, item, options, cap, sending.timeout)
-    else:
-        call = new_call(model, shared, item, schema, options, cap, name, sending.timeout)
+    schema, options, tool = asked
+    json_object = schema is _JSON_OBJECT  # answered as the chat call json_object_call reads
+    call = translated_call(model, split, (schema, tool), options, cap, sending, json_object)
     return streamed(call, stream, include_usage=False)
 
 
@@ -188,13 +169,8 @@ def _conversation(kwargs: Mapping[str, Any]) -> tuple[list[str], list[str], str]
     if not isinstance(messages, list):
         return None
     plain = [_message(message) for message in messages]
-    split = None if None in plain else last_user(plain)
-    if split is None:
-        return None
-    shared = turns(split[0], _SYSTEM_ROLES)
-    if shared is None:
-        return None
-    return [given or "", *shared[0]], shared[1], split[1]
+    split = None if None in plain else chat_turns(plain, _SYSTEM_ROLES)
+    return None if split is None else ([given or "", *split[0]], split[1], split[2])
 
 
 _MESSAGE_KEYS = frozenset({"type", "role", "content"})

@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-__all__ = ["canonical_json", "expected_output", "fraction", "free_text"]
+__all__ = ["bare_schema", "canonical_json", "expected_output", "fraction", "free_text"]
 
 # Common words that are one token each in the OpenAI encodings; they pad string
 # fields so an answer reaches its target length.
@@ -95,6 +95,12 @@ def expected_output(
 def free_text(schema: Mapping[str, Any]) -> bool:
     """A schema that asks for any string: ``{"type": "string"}``, annotations aside,
     directly or through a ``$ref`` into its ``$defs``."""
+    return bare_schema(schema) == {"type": "string"}
+
+
+def bare_schema(schema: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What ``schema`` says, annotations aside, directly or through a ``$ref`` into its
+    own ``$defs`` (a packed item's); ``None`` when that is not a schema object."""
     node: Any = schema
     for _ in range(8):
         ref = node.get("$ref") if isinstance(node, Mapping) else None
@@ -102,10 +108,11 @@ def free_text(schema: Mapping[str, Any]) -> bool:
             break
         node = schema.get("$defs", {}).get(ref[len("#/$defs/") :])
     if not isinstance(node, Mapping):
-        return False
-    return {k: v for k, v in node.items() if k not in _ANNOTATIONS} == {"type": "string"}
+        return None
+    return {k: v for k, v in node.items() if k not in _ANNOTATIONS}
 
 
+#: Keys that describe a schema without constraining it.
 _ANNOTATIONS = frozenset({"$defs", "definitions", "$schema", "title", "description"})
 
 

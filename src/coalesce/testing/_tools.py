@@ -15,12 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._http import HttpError
+from ._model import bare_schema
 from ._wire import parse_packed
 
 __all__ = ["ForcedTool", "any_object", "described_schema", "forced_function"]
-
-#: Keys that describe a schema without constraining it.
-_ANNOTATIONS = frozenset({"$schema", "title", "description", "$defs", "definitions"})
 
 #: Keys only a JSON schema has at its root (an object with one is taken for a schema).
 _SCHEMA_KEYS = frozenset({"properties", "$defs", "definitions", "anyOf", "oneOf", "allOf", "$ref"})
@@ -109,15 +107,9 @@ def any_object(schema: Mapping[str, Any]) -> bool:
     """Whether ``schema`` allows any JSON object and says nothing more (``{"type":
     "object"}``, annotations aside, directly or through a ``$ref`` into its ``$defs``):
     it leaves the answer's shape to the instructions."""
-    node: Any = schema
-    for _ in range(8):  # through a $ref into the schema's own $defs (a packed item's)
-        ref = node.get("$ref") if isinstance(node, Mapping) else None
-        if not isinstance(ref, str) or not ref.startswith("#/$defs/"):
-            break
-        node = schema.get("$defs", {}).get(ref[len("#/$defs/") :])
-    if not isinstance(node, Mapping):
+    rest = bare_schema(schema)
+    if rest is None:
         return False
-    rest = {k: v for k, v in node.items() if k not in _ANNOTATIONS}
     if rest.get("additionalProperties") is True:
         del rest["additionalProperties"]
     return rest == {"type": "object"}
