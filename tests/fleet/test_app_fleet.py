@@ -4,15 +4,18 @@ join the fleet through a gateway of its own, and coalesce with every other membe
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import anthropic
 import anyio
 import anyio.to_thread
+import httpx
 import openai
 import pytest
-from _fleet import member_of, until
+from _fleet import member_of, until, until_async
 from _nats import NatsServer
 from _serving import Recorder, gateway_config, serving
 from _traffic import (
@@ -25,6 +28,7 @@ from _traffic import (
     gather,
     tickets,
 )
+from anyio.streams.text import TextReceiveStream
 
 import coalesce
 from coalesce._gateway import sidecar
@@ -181,3 +185,58 @@ def test_one_member_per_settings(nats_server: NatsServer, tmp_path: Path) -> Non
     )
     assert first.base_url == again.base_url != other.base_url
     assert len(sidecar._running) == 2
+
+
+_OWNER = """
+import sys, openai, coalesce
+from coalesce._gateway import sidecar
+client = coalesce.wrap(
+    openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="sk-team", max_retries=0),
+    fleet=sys.argv[2], latency_budget=2.0, max_items=20, store=":memory:",
+)
+reply = client.chat.completions.create(**__import__("json").loads(sys.argv[3]))
+(running,) = sidecar._running.values()
+print(running.url, flush=True)
+sys.stdin.read()  # until the test closes it: then the process exits, as an app's does
+"""
+
+
+async def test_a_process_that_exits_answers_the_calls_it_owns_first(
+    sim_url: str, nats_server: NatsServer
+) -> None:
+    first = json.dumps(chat_body(tickets(1, tag="First")[0]))
+    command = [sys.executable, "-c", _OWNER, sim_url, nats_server.url, first]
+    async with await anyio.open_process(command) as owner:
+        assert owner.stdin is not None
+        assert owner.stdout is not None
+        own_url = ""
+        async for text in TextReceiveStream(owner.stdout):  # its gateway's URL, once it owns
+            own_url += text
+            if own_url.endswith("\n"):
+                break
+        async with serving(gateway_config(sim_url, fleet=nats_server.url, store=None)) as gateway:
+            client = openai.AsyncOpenAI(
+                base_url=gateway.openai_url, api_key="sk-team", max_retries=0
+            )
+            asked = tickets()
+
+            async def serving_calls() -> bool:
+                async with httpx.AsyncClient() as http:
+                    state = (await http.get(f"{own_url.strip()}/readyz")).json()
+                return int(state["fleet"]["served"]) > 0
+
+            async def leave_while_serving() -> None:
+                await until_async(serving_calls, "forwarded to the owner")
+                await owner.stdin.aclose()  # type: ignore[union-attr]  # it exits, as an app does
+
+            async def one(ticket: str) -> Ticket:
+                reply = await client.chat.completions.create(**chat_body(ticket))
+                return Ticket.model_validate_json(reply.choices[0].message.content or "")
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(leave_while_serving)
+                answers = await gather(asked, one)
+            assert answers == [expected_ticket(ticket) for ticket in asked]
+            assert member_of(gateway).statistics().forwarded > 0  # some went to the owner
+            await client.close()
+        assert await owner.wait() == 0
