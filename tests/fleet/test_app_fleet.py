@@ -26,6 +26,7 @@ from _traffic import (
     chat_body,
     expected_ticket,
     gather,
+    messages_body,
     tickets,
 )
 from anyio.streams.text import TextReceiveStream
@@ -121,6 +122,26 @@ async def test_a_blocking_client_coalesces_through_the_fleet(
     assert answers == [expected_ticket(ticket) for ticket in asked]
     assert len(sim.requests) < CALLS // 2
     plain.close()
+
+
+async def test_an_anthropic_client_coalesces_through_the_fleet(
+    sim: SimulatedProvider, sim_url: str, nats_server: NatsServer
+) -> None:
+    plain = anthropic.AsyncAnthropic(base_url=sim_url, api_key="sk-ant", max_retries=0)
+    wrapped = coalesce.wrap(plain, fleet=nats_server.url, **FLEET)
+    assert type(wrapped) is anthropic.AsyncAnthropic
+    asked = tickets()
+
+    async def one(ticket: str) -> Ticket:
+        message = await wrapped.messages.create(**messages_body(ticket))
+        block = message.content[0]
+        assert isinstance(block, anthropic.types.ToolUseBlock)
+        return Ticket.model_validate(block.input)
+
+    assert await gather(asked, one) == [expected_ticket(ticket) for ticket in asked]
+    assert sum(r.items for r in sim.requests) == CALLS
+    assert len(sim.requests) < CALLS // 2
+    await plain.close()
 
 
 async def test_two_credentials_through_one_member_never_share_a_request(
