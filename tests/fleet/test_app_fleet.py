@@ -28,6 +28,7 @@ from _traffic import (
     gather,
     messages_body,
     tickets,
+    triage_in_turn,
 )
 from anyio.streams.text import TextReceiveStream
 
@@ -66,15 +67,7 @@ async def test_a_wrapped_client_and_a_gateway_coalesce_as_one(
         assert str(wrapped.base_url).startswith("http://127.0.0.1:")
         app = _only_member()
         await until(lambda: app.state.member is not None and app.state.member.connected, "joined")
-        asked = tickets()
-
-        async def one(index: int) -> Ticket:
-            client = wrapped if index % 2 else to_gateway
-            reply = await client.chat.completions.create(**chat_body(asked[index]))
-            return Ticket.model_validate_json(reply.choices[0].message.content or "")
-
-        answers = await gather(list(range(CALLS)), one)
-        assert answers == [expected_ticket(ticket) for ticket in asked]
+        await triage_in_turn([to_gateway, wrapped], tickets())
         assert app.state.member is not None
         stats = [member_of(gateway).statistics(), app.state.member.statistics()]
         assert [s.owned for s in stats].count(1) == 1, stats  # one owner for the partition
@@ -158,13 +151,7 @@ async def test_two_credentials_through_one_member_never_share_a_request(
     ]
     assert clients[0].base_url == clients[1].base_url  # one member for both
     asked = tickets()
-
-    async def one(index: int) -> Ticket:
-        reply = await clients[index % 2].chat.completions.create(**chat_body(asked[index]))
-        return Ticket.model_validate_json(reply.choices[0].message.content or "")
-
-    answers = await gather(list(range(CALLS)), one)
-    assert answers == [expected_ticket(ticket) for ticket in asked]
+    await triage_in_turn(clients, asked)
     for seen in recorder.seen:
         wanted = {asked[i] for i in range(CALLS) if keys[i % 2] == seen.key}
         assert {t for t in asked if t in seen.body.decode()} <= wanted

@@ -11,7 +11,7 @@ import pytest
 from _fleet import fleet, member_of
 from _nats import NatsServer
 from _serving import Recorder
-from _traffic import CALLS, Ticket, chat_body, expected_ticket, gather, tickets
+from _traffic import CALLS, Ticket, chat_body, expected_ticket, gather, tickets, triage_in_turn
 
 from coalesce.testing import SimulatedProvider
 
@@ -26,14 +26,7 @@ async def test_calls_to_two_gateways_coalesce_as_one(
             openai.AsyncOpenAI(base_url=g.openai_url, api_key="sk-team", max_retries=0)
             for g in gateways
         ]
-        asked = tickets()
-
-        async def one(index: int) -> Ticket:
-            reply = await clients[index % 2].chat.completions.create(**chat_body(asked[index]))
-            return Ticket.model_validate_json(reply.choices[0].message.content or "")
-
-        answers = await gather(list(range(CALLS)), one)
-        assert answers == [expected_ticket(ticket) for ticket in asked]
+        await triage_in_turn(clients, tickets())
         stats = [member_of(g).statistics() for g in gateways]
         owners = [s for s in stats if s.owned]
         assert len(owners) == 1

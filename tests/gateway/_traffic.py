@@ -110,3 +110,16 @@ async def gather(items: list[T], call: Callable[[T], Awaitable[Any]]) -> list[An
         for index, item in enumerate(items):
             group.start_soon(one, index, item)
     return [results[index] for index in range(len(items))]
+
+
+async def triage_in_turn(clients: list[Any], asked: list[str]) -> None:
+    """Each of ``asked`` at once, the n-th through ``clients[n % len(clients)]`` (OpenAI
+    clients): every caller gets its own ticket's triage."""
+
+    async def one(index: int) -> Ticket:
+        client = clients[index % len(clients)]
+        reply = await client.chat.completions.create(**chat_body(asked[index]))
+        return Ticket.model_validate_json(reply.choices[0].message.content or "")
+
+    answers = await gather(list(range(len(asked))), one)
+    assert answers == [expected_ticket(ticket) for ticket in asked]
