@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .._exceptions import ConfigurationError
-from .._options import OPTION, NotGiven
+from .._options import OPTION, NotGiven, on
 from .._wrap.fleet import register
 from .config import GatewayConfig
 from .server import bind, missing_extra, missing_module
@@ -37,20 +37,14 @@ __all__ = ["FLEET_OPTIONS", "Sidecar", "fleet_client", "running", "stop_all"]
 
 logger = logging.getLogger("coalesce.fleet")
 
-#: The options of ``wrap`` and ``prompt`` that a fleet's gateway takes, by the name of
-#: its setting; every other option keeps its default with ``fleet=`` (the gateway has no
-#: such setting: its calls are judged by the fleet's owner).
+#: The options of ``wrap`` and ``prompt`` a fleet's gateway takes, by the name of its
+#: setting: those ``serve`` takes too, but ``max_retries`` (the client's own retries
+#: stay with it, as without a fleet). Every other option keeps its default with
+#: ``fleet=`` (the gateway has no such setting: its calls are judged by the owner).
 FLEET_OPTIONS: Mapping[str, str] = {
-    "max_wait": "max_wait",
-    "max_items": "max_items",
-    "latency_budget": "budget",
-    "lane": "lane",
-    "store": "store",
-    "batch_window": "batch_window",
-    "poll_interval": "poll_interval",
-    "fleet": "fleet",
-    "fleet_creds": "fleet_creds",
-    "fleet_tls_ca": "fleet_tls_ca",
+    option.name: option.setting
+    for option in on("serve")
+    if "wrap" in option.on.split() and option.name != "max_retries"
 }
 #: By surface, its keywords that keep their meaning with ``fleet=``: they shape each
 #: call in this process, before the fleet coalesces it (``prompt``: each call becomes
@@ -66,7 +60,6 @@ _KEPT: Mapping[str, frozenset[str]] = {
         }
     ),
 }
-_PATHS = frozenset({"fleet_creds", "fleet_tls_ca"})
 _lock = threading.Lock()
 _running: dict[GatewayConfig, Sidecar] = {}
 
@@ -187,7 +180,8 @@ def _config(provider: str, base_url: str, given: Mapping[str, Any], where: str) 
     for name, value in given.items():
         if name in FLEET_OPTIONS:
             if value is not None and not isinstance(value, NotGiven):
-                settings[FLEET_OPTIONS[name]] = Path(value) if name in _PATHS else value
+                path = OPTION[name].kind is Path and isinstance(value, str)
+                settings[FLEET_OPTIONS[name]] = Path(value) if path else value
         elif name not in _KEPT[where] and not _default(value, OPTION[name].default_on(where)):
             raise ConfigurationError(
                 f"{where}(fleet=...) coalesces through the fleet's gateway, which does not"
